@@ -1,0 +1,12 @@
+PY ?= python
+
+.PHONY: install test serve
+
+install:
+	bash .ci/install
+
+test:
+	$(PY) -m pytest -q -x tests
+
+serve:
+	pagedserve serve

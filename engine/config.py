@@ -1,0 +1,65 @@
+"""EngineConfig: every knob of the engine, validated once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny-random"
+    device: str = "auto"              # "cpu" | "cuda" | "auto"
+    dtype: str = "auto"               # "float32" | "float16" | "bfloat16" | "auto"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: size from memory (GPU) or max_num_seqs * max_model_len (CPU)
+    max_model_len: int | None = None  # None: from the model's config
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    max_cudagraph_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {self.device!r}.")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}.")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}.")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_cudagraph_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}.")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be >= 2 (block 0 is reserved).")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1].")
+
+    def resolved(self) -> "EngineConfig":
+        """Replace every 'auto' by the concrete choice for this machine."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for but no CUDA device is available; use --device cpu.")
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if device.startswith("cuda") else "torch"
+        return replace(self, device=device, dtype=dtype, attention_backend=backend)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]

@@ -1,0 +1,75 @@
+"""What the engine hands back each step: plain data, no tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probabilities at one generated position (of the model's raw distribution)."""
+    token_id: int
+    logprob: float
+    rank: int                                     # 1 = most likely
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass
+class RequestTimings:
+    """Monotonic timestamps (time.monotonic()) of one request's life in the engine."""
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class SequenceDelta:
+    """New tokens of one sample (index 0..n-1) of a request in one step."""
+    index: int
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None   # "stop" | "length" | "abort" | "error"
+    stop_reason: int | None = None     # the eos / stop token id that ended it, if any
+
+
+@dataclass
+class RequestDelta:
+    """One request's news in one engine step; the last one has finished=True."""
+    request_id: str
+    seqs: list[SequenceDelta]
+    finished: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int             # prompt tokens served from the prefix cache
+    timings: RequestTimings
+    error: str | None = None           # set when the request failed inside the engine
+
+
+@dataclass
+class EngineStats:
+    """Scheduler state after a step, for /metrics."""
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0        # 0..1, allocated blocks / usable blocks
+    num_preemptions_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up
+    prefix_cache_hits_total: int = 0     # prompt tokens found
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    num_cached_tokens: int = 0
