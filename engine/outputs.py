@@ -29,7 +29,7 @@ class SequenceDelta:
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None   # "stop" | "length" | "abort" | "error"
-    stop_reason: int | None = None     # the eos / stop token id that ended it, if any
+    stop_reason: int | None = None     # the stop_token_ids entry that ended it (None for eos)
 
 
 @dataclass

@@ -1,0 +1,240 @@
+"""LLMEngine: add_request / abort_request / step over the scheduler, model runner and sampler."""
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from engine import loader
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.kv_sizing import choose_num_blocks
+from engine.model_runner import ModelRunner
+from engine.outputs import EngineStats, RequestDelta, SequenceDelta, TokenLogprob
+from engine.request import Request, Sequence, SeqStatus
+from engine.sampler import Sampler, SampleRow
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from engine.tiny_model import resolve_model  # the built-in model is built on first use
+        self.config = cfg = config.resolved()
+        self.device = torch.device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        model_dir = resolve_model(cfg.model)
+        self.model_name = cfg.model
+        model_cfg = loader.load_model_config(Path(model_dir))
+        self.max_model_len = self._max_model_len(model_cfg)
+        loaded = loader.load(model_dir, cfg.torch_dtype, self.device, self.max_model_len)
+        self.model, self.model_config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
+        self.default_sampling = loaded.generation_defaults
+        self.eos_token_ids = loaded.eos_token_ids
+        self.vocab_size = model_cfg.vocab_size
+        self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
+        self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
+                                  cfg.max_num_seqs, self.device, cfg.torch_dtype)
+        self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        log.info("engine ready: model=%s device=%s dtype=%s backend=%s kv_blocks=%d (%d tokens) max_model_len=%d",
+                 cfg.model, cfg.device, cfg.dtype, cfg.attention_backend, self.num_kv_blocks,
+                 (self.num_kv_blocks - 1) * cfg.block_size, self.max_model_len)
+
+    def _max_model_len(self, model_cfg) -> int:
+        limit = model_cfg.max_position_embeddings
+        if model_cfg.sliding_window:  # windows are not implemented: stay inside one window
+            limit = min(limit, model_cfg.sliding_window)
+        asked = self.config.max_model_len
+        if asked is not None and asked > limit:
+            raise ValueError(f"max_model_len {asked} exceeds what the model supports ({limit}).")
+        return asked or limit
+
+    # requests -----------------------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError for a request that can never run. Pure: safe from any thread."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty; give at least one token.")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
+        params.check_vocab(self.vocab_size)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len or max_tokens < 1:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
+                f"Please reduce the prompt or max_tokens.")
+        blocks = -(-(n + max_tokens) // self.config.block_size)
+        if blocks > self.num_kv_blocks - 1:
+            raise ValueError(f"the request needs {blocks} KV blocks but the cache holds only "
+                             f"{self.num_kv_blocks - 1}; shorten the prompt or max_tokens.")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use.")
+        self.check_request(prompt_token_ids, params)
+        params = copy.copy(params)
+        params.eos_token_ids = list(self.eos_token_ids)
+        n = len(prompt_token_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        req = Request(request_id, list(prompt_token_ids), params, max_tokens)
+        if arrival_time is not None:
+            req.timings.arrival_time = arrival_time
+        seq = self._new_seq(req, 0, list(prompt_token_ids))
+        seq.needs_fork = params.n > 1
+        self.requests[request_id] = req
+        self.scheduler.add(seq)
+
+    def _new_seq(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
+        gen = None if req.params.seed is None else self.sampler.make_generator(req.params.seed, index)
+        seq = Sequence(next(self._seq_ids), req, index, token_ids, len(req.prompt_token_ids), gen)
+        if req.params.logprobs is not None:
+            seq.logprobs = []
+        req.seqs.append(seq)
+        return seq
+
+    def abort_request(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if seq_index is None or seq.index == seq_index:
+                self.scheduler.finish(seq, finish_reason)
+        if seq_index is None or req.finished:
+            del self.requests[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        running = {id(s.request) for s in self.scheduler.running}
+        waiting = {id(s.request) for s in self.scheduler.waiting} - running
+        bm = self.block_manager
+        return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
+                           bm.prefix_queries, bm.prefix_hits)
+
+    # the step -----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        now = time.monotonic()
+        for item in sched.scheduled:
+            if item.seq.request.timings.first_scheduled_time is None:
+                item.seq.request.timings.first_scheduled_time = now
+        try:
+            rows, tokens, logprobs = self._forward_and_sample(sched)
+        except Exception as e:  # a failed step fails its batch; the engine goes on
+            log.exception("engine step failed")
+            return self._fail({id(i.seq.request): i.seq.request for i in sched.scheduled}.values(), e)
+        return self._postprocess(rows, tokens, logprobs)
+
+    def _forward_and_sample(self, sched: SchedulerOutput):
+        logits = self.runner.execute(sched)
+        sampling: list[Sequence] = []
+        for item in sched.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_full_blocks(item.seq)
+            if item.samples:
+                sampling.append(item.seq)
+        rows: list[Sequence] = []
+        counts: list[int] = []
+        for seq in sampling:
+            family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
+            rows.extend(family)
+            counts.append(len(family))
+        if len(rows) != len(sampling):
+            logits = logits.repeat_interleave(torch.tensor(counts, device=logits.device), dim=0)
+        if not rows:
+            return [], [], None
+        st = self.sampler.prepare([SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids,
+                                             s.generator) for s in rows])
+        out = self.sampler.sample(logits, st)
+        tokens = out.token_ids.tolist()
+        logprobs = None
+        if out.logprobs is not None:
+            logprobs = (out.logprobs.tolist(), out.ranks.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist())
+        return rows, tokens, logprobs
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        parent.needs_fork = False
+        children = []
+        for index in range(1, parent.params.n):
+            child = self._new_seq(parent.request, index, list(parent.token_ids))
+            self.block_manager.fork(parent, child)
+            child.status = SeqStatus.RUNNING
+            self.scheduler.running.append(child)
+            children.append(child)
+        return children
+
+    def _postprocess(self, rows: list[Sequence], tokens: list[int], logprobs) -> list[RequestDelta]:
+        now = time.monotonic()
+        deltas: dict[str, RequestDelta] = {}
+        for i, (seq, tok) in enumerate(zip(rows, tokens)):
+            req = seq.request
+            seq.token_ids.append(tok)
+            entry = None
+            if seq.logprobs is not None and logprobs is not None:
+                lp, ranks, top_ids, top_lps = logprobs
+                k = seq.params.logprobs
+                entry = TokenLogprob(tok, lp[i], ranks[i], list(zip(top_ids[i][:k], top_lps[i][:k])))
+                seq.logprobs.append(entry)
+            self._check_finish(seq, tok)
+            if req.timings.first_token_time is None:
+                req.timings.first_token_time = now
+            delta = deltas.get(req.request_id)
+            if delta is None:
+                delta = deltas[req.request_id] = RequestDelta(
+                    req.request_id, [], False, len(req.prompt_token_ids), req.num_cached_tokens, req.timings)
+            delta.seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry],
+                                            seq.finish_reason, seq.stop_reason))
+        for delta in deltas.values():
+            req = self.requests[delta.request_id]
+            if req.finished:
+                delta.finished = True
+                req.timings.finished_time = now
+                del self.requests[delta.request_id]
+        return list(deltas.values())
+
+    def _check_finish(self, seq: Sequence, tok: int) -> None:
+        p = seq.params
+        reason, stop_reason = None, None
+        if seq.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and tok in p.eos_token_ids:
+                reason = "stop"
+            elif tok in p.stop_token_ids:
+                reason, stop_reason = "stop", tok
+        if reason is None and (seq.num_output_tokens >= seq.request.max_tokens
+                               or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason, stop_reason)
+
+    def _fail(self, requests, error: Exception) -> list[RequestDelta]:
+        """Finish every sequence of the given requests with finish_reason "error"."""
+        deltas = []
+        for req in list(requests):
+            for seq in req.seqs:
+                self.scheduler.finish(seq, "error")
+            req.timings.finished_time = time.monotonic()
+            self.requests.pop(req.request_id, None)
+            deltas.append(RequestDelta(req.request_id, [SequenceDelta(s.index, [], None, "error") for s in req.seqs],
+                                       True, len(req.prompt_token_ids), req.num_cached_tokens, req.timings,
+                                       error=f"internal error during generation: {type(error).__name__}"))
+        return deltas
+
+    def fail_all(self, error: BaseException) -> list[RequestDelta]:
+        return self._fail(self.requests.values(), error)
+
+from engine.loop import EngineLoop  # noqa: E402,F401  (the engine's thread lives beside it)

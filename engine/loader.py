@@ -1,0 +1,147 @@
+"""Hugging Face checkpoint directory -> our model, tokenizer and generation defaults.
+
+Weights are read tensor by tensor from (possibly sharded) safetensors and copied straight into our
+modules; q/k/v and gate/up are fused on the way in. No transformers model object is ever built.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+# HF name fragment -> (our fused parameter fragment, shard id)
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"), ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: object
+    generation_defaults: dict
+    eos_token_ids: list[int]
+
+
+def read_json(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    if not model_dir.is_dir():
+        raise ValueError(f"model directory {str(model_dir)!r} does not exist.")
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{str(model_dir)!r} has no config.json; is it a Hugging Face model directory?")
+    return ModelConfig.from_hf(read_json(model_dir / "config.json"))
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(read_json(index)["weight_map"].values()))
+        files = [model_dir / n for n in names]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if not files or missing:
+        raise ValueError(f"no safetensors weights found in {str(model_dir)!r} (missing: {missing or '*.safetensors'}).")
+    return files
+
+
+def _target(name: str) -> tuple[str, object]:
+    name = name.removeprefix("model.")
+    for frag, (fused, shard) in _FUSED.items():
+        if frag in name:
+            return name.replace(frag, fused), shard
+    return name, None
+
+
+def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: object, cfg: ModelConfig) -> None:
+    if shard is None:
+        rows = slice(0, param.shape[0])
+    elif shard in ("q", "k", "v"):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        start = {"q": 0, "k": q, "v": q + kv}[shard]
+        rows = slice(start, start + (q if shard == "q" else kv))
+    else:
+        rows = slice(shard * cfg.intermediate_size, (shard + 1) * cfg.intermediate_size)
+    dst = param.data[rows]
+    if dst.shape != tensor.shape:
+        raise ValueError(f"tensor shape {tuple(tensor.shape)} does not match the model's {tuple(dst.shape)}.")
+    dst.copy_(tensor)
+
+
+def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+    params = dict(model.named_parameters())
+    expected_parts: dict[str, int] = {n: (3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else
+                                          2 if "gate_up_proj" in n else 1) for n in params}
+    seen: dict[str, int] = {}
+    show = sum(f.stat().st_size for f in files) > 1 << 30
+    for path in tqdm(files, desc="Loading safetensors", disable=not show, unit="file"):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                target, shard = _target(name)
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
+                try:
+                    _copy_shard(params[target], f.get_tensor(name), shard, model.config)
+                except ValueError as e:
+                    raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+                seen[target] = seen.get(target, 0) + 1
+    if model.config.tie_word_embeddings and "lm_head.weight" not in seen:
+        model.lm_head.weight = model.embed_tokens.weight
+        seen["lm_head.weight"] = 1
+    missing = [n for n, parts in expected_parts.items() if seen.get(n, 0) < parts]
+    if missing:
+        raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def generation_defaults(model_dir: Path) -> tuple[dict, list[int]]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}, []
+    gen = read_json(path)
+    eos = gen.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return {k: gen[k] for k in _SAMPLING_KEYS if gen.get(k) is not None}, eos_ids
+
+
+def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
+    model_dir = Path(model_dir)
+    cfg = load_model_config(model_dir)
+    files = weight_files(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_position)
+    model = model.to_empty(device=device).to(dtype)
+    load_weights(model, files)
+    model.init_rotary(device)
+    model.eval().requires_grad_(False)
+    tokenizer = load_tokenizer(model_dir)
+    defaults, gen_eos = generation_defaults(model_dir)
+    eos = list(dict.fromkeys([*gen_eos, *cfg.eos_token_ids]
+                             or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
+    log.info("loaded %s (%s, %d layers) in %s on %s", model_dir, cfg.architecture, cfg.num_layers, dtype, device)
+    return LoadedModel(model, cfg, tokenizer, defaults, eos)

@@ -1,0 +1,100 @@
+"""EngineLoop: the one thread that owns the engine (model state, KV cache).
+
+Other threads talk to it only through a thread-safe inbox (add / abort); after each step it hands
+every new token of the step, and the scheduler's stats, to one `deliver` callback.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
+
+log = logging.getLogger(__name__)
+Deliver = Callable[[list[RequestDelta], EngineStats], None]
+_STOP = object()
+
+
+class EngineLoop:
+    def __init__(self, engine: "LLMEngine", deliver: Deliver) -> None:
+        self.engine = engine
+        self.deliver = deliver
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
+        self._stopping = False
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        self.engine.check_request(prompt_token_ids, params)  # raises ValueError here, in the caller
+        self.inbox.put(("add", request_id, prompt_token_ids, params, arrival_time))
+
+    def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
+        self.inbox.put(("abort", request_id, seq_index, finish_reason))
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._stopping = True
+        self.inbox.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # engine thread ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                commands = self._drain(block=not self.engine.has_unfinished_requests())
+                if commands is None:
+                    return
+                deltas = self._apply(commands)
+                if self.engine.has_unfinished_requests():
+                    deltas.extend(self.engine.step())
+                if deltas or commands:
+                    self.deliver(deltas, self.engine.stats())
+        except BaseException as e:  # the engine is unusable: fail everyone, let the server report it
+            log.exception("engine thread died")
+            self.error = e
+            self._stopping = True
+            try:
+                self.deliver(self.engine.fail_all(e), self.engine.stats())
+            except BaseException:
+                log.exception("could not report the engine failure")
+
+    def _drain(self, block: bool) -> list | None:
+        commands = []
+        try:
+            item = self.inbox.get(block=block)
+            while True:
+                if item is _STOP:
+                    return None
+                commands.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            return commands
+
+    def _apply(self, commands: list) -> list[RequestDelta]:
+        failed = []
+        for cmd in commands:
+            if cmd[0] == "add":
+                _, request_id, prompt, params, arrival = cmd
+                try:
+                    self.engine.add_request(request_id, prompt, params, arrival)
+                except ValueError as e:  # e.g. a duplicate id: tell that request, not the others
+                    failed.append(RequestDelta(request_id, [SequenceDelta(0, [], None, "error")], True,
+                                               len(prompt), 0, RequestTimings(arrival or 0.0), error=str(e)))
+            else:
+                _, request_id, seq_index, reason = cmd
+                self.engine.abort_request(request_id, seq_index, reason)
+        return failed

@@ -1,0 +1,89 @@
+"""Scheduled batch -> flat tensors -> model forward -> logits of the rows that sample.
+
+Batch metadata is assembled with numpy on the host and crosses to the device in ONE copy: every
+int field lives in a single int32 buffer that is split into views on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention.base import AttentionMetadata
+from engine.layers.attention import make_backend
+from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor     # rows of the hidden states whose next token is sampled
+
+
+def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+    cfg = model.config
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, backend: str,
+                 max_num_seqs: int, device: torch.device, dtype: torch.dtype) -> None:
+        cfg = model.config
+        self.model, self.device, self.block_size = model, device, block_size
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                    dtype=dtype, device=device)
+        self.backend = make_backend(backend, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                    head_dim=cfg.head_dim, max_num_seqs=max_num_seqs, device=device, dtype=dtype)
+        for i, attn in enumerate(model.attention_layers()):
+            attn.backend = self.backend
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        self.pin = device.type == "cuda"
+
+    def prepare(self, sched: SchedulerOutput) -> StepInputs:
+        items = sched.scheduled
+        q_lens = np.fromiter((s.num_new_tokens for s in items), np.int64, len(items))
+        starts = np.fromiter((s.seq.num_computed_tokens for s in items), np.int64, len(items))
+        cu = np.zeros(len(items) + 1, np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        seq_lens = starts + q_lens
+        # position of every token: its sequence's start + its offset inside the chunk
+        positions = np.repeat(starts - cu[:-1], q_lens) + np.arange(num_tokens)
+        input_ids = np.empty(num_tokens, np.int64)
+        width = max(len(s.seq.block_table) for s in items)
+        block_tables = np.zeros((len(items), width), np.int64)
+        for i, s in enumerate(items):
+            input_ids[cu[i]:cu[i + 1]] = s.seq.token_ids[starts[i]:seq_lens[i]]
+            block_tables[i, :len(s.seq.block_table)] = s.seq.block_table
+        rows = np.repeat(np.arange(len(items)), q_lens)
+        bs = self.block_size
+        slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
+        sampling = np.fromiter((s.samples for s in items), bool, len(items))
+        logits_indices = cu[1:][sampling] - 1
+        fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel())
+        host = torch.from_numpy(np.concatenate(fields).astype(np.int32))
+        dev = host.pin_memory().to(self.device, non_blocking=True) if self.pin else host.to(self.device)
+        parts = dev.split([len(f) for f in fields])
+        meta = AttentionMetadata(
+            slot_mapping=parts[2], block_tables=parts[6].view(len(items), width), seq_lens=parts[3],
+            cu_seqlens_q=parts[4], max_seqlen_q=int(q_lens.max()), max_seqlen_k=int(seq_lens.max()),
+            is_decode_only=bool((q_lens == 1).all()))
+        return StepInputs(parts[0], parts[1], meta, parts[5])
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""
+        if copies:
+            src, dst = (torch.tensor(c, device=self.device) for c in zip(*copies))
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Runs one step; returns fp32 logits [num_sampling_rows, vocab]."""
+        self.copy_blocks(sched.block_copies)
+        inputs = self.prepare(sched)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model.compute_logits(hidden[inputs.logits_indices])

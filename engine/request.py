@@ -1,0 +1,68 @@
+"""Request and Sequence state, owned by the engine thread."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.outputs import RequestTimings, TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int                    # params.max_tokens resolved against max_model_len
+    timings: RequestTimings = field(default_factory=lambda: RequestTimings(time.monotonic()))
+    seqs: list["Sequence"] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SeqStatus.FINISHED for s in self.seqs) and len(self.seqs) == self.params.n
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sample of a request: prompt + generated tokens, and where their KV lives."""
+    seq_id: int
+    request: Request
+    index: int                         # sample index 0..n-1
+    token_ids: list[int]
+    num_prompt_tokens: int
+    generator: torch.Generator | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0       # tokens whose KV is in the cache
+    num_hashed_blocks: int = 0         # leading full blocks already registered in the prefix cache
+    block_hashes: list[bytes] = field(default_factory=list)
+    needs_fork: bool = False           # first sample of an n > 1 request, prompt not yet prefilled
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params

@@ -1,0 +1,120 @@
+"""Continuous batching over the paged KV cache.
+
+Every step has a token budget and a sequence budget. Running sequences go first (a decode costs one
+token; a sequence part-way through a chunked prefill asks for its next chunk), then waiting ones are
+admitted FIFO while budget and blocks last. When a running sequence needs a block and none is free,
+the most recently arrived running sequence is preempted: its blocks are freed and it is recomputed
+later from its tokens (prefix caching makes that cheap).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.request import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int          # query length this step
+    samples: bool                # this chunk reaches the end of the sequence, so a token is sampled
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(s.num_new_tokens == 1 for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.bm.allocate(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
+                budget -= num_new
+                i += 1
+        num_seqs = sum(s.params.n if s.needs_fork else 1 for s in self.running)
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            width = seq.params.n if seq.needs_fork else 1
+            if num_seqs + width > self.max_num_seqs:
+                break
+            if seq.num_computed_tokens == 0 and not seq.block_table:
+                self._on_first_schedule(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.bm.allocate(seq, num_new):
+                if not self.running:  # nothing will ever free a block: keep it waiting but drop hits
+                    self.bm.free_seq(seq)
+                    seq.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
+            budget -= num_new
+            num_seqs += width
+        out.block_copies = self.bm.pending_copies
+        self.bm.pending_copies = []
+        return out
+
+    def _on_first_schedule(self, seq: Sequence) -> None:
+        cached = self.bm.match_prefix(seq)
+        if seq.index == 0 and seq.request.num_cached_tokens == 0:
+            seq.request.num_cached_tokens = cached
+
+    @staticmethod
+    def _samples(seq: Sequence, num_new: int) -> bool:
+        return seq.num_computed_tokens + num_new == seq.num_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free_seq(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
+        """Free a sequence's blocks and take it out of the queues (finish or abort)."""
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.bm.free_seq(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
