@@ -1,0 +1,47 @@
+"""Shared test helpers: tiny checkpoints and a transformers reference."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from engine.tiny_model import build_checkpoint
+
+# One flavour per supported architecture, each exercising its distinguishing feature.
+ARCH_OVERRIDES = {
+    "llama": dict(tie_word_embeddings=False, max_position_embeddings=512,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "mistral": dict(tie_word_embeddings=False),
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": dict(tie_word_embeddings=True),
+}
+
+
+def make_checkpoint(root: Path, arch: str, **overrides) -> Path:
+    return build_checkpoint(root / arch, arch, seed=1, **{**ARCH_OVERRIDES[arch], **overrides})
+
+
+@lru_cache(maxsize=8)
+def hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation (eos ignored) and the log-probability of each chosen token."""
+    model = hf_model(str(path))
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(l[0].float(), -1)[t].item() for l, t in zip(out.logits, tokens)]
+    return tokens, logprobs
+
+
+def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    # skip the special tokens (ids 0..2) so no prompt contains an eos
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
