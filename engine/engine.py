@@ -5,6 +5,7 @@ import copy
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,6 +22,22 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTiming:
+    """Seconds spent in each phase of one step (recorded when LLMEngine.record_timings is set)."""
+    num_seqs: int
+    num_tokens: int
+    schedule: float
+    prepare: float
+    forward: float
+    sample: float
+    postprocess: float
+
+    @property
+    def host(self) -> float:
+        return self.schedule + self.prepare + self.sample + self.postprocess
 
 
 class LLMEngine:
@@ -46,6 +63,8 @@ class LLMEngine:
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
+        self.record_timings = False
+        self.step_timings: list[StepTiming] = []
         log.info("engine ready: model=%s device=%s dtype=%s backend=%s kv_blocks=%d (%d tokens) max_model_len=%d",
                  cfg.model, cfg.device, cfg.dtype, cfg.attention_backend, self.num_kv_blocks,
                  (self.num_kv_blocks - 1) * cfg.block_size, self.max_model_len)
@@ -126,6 +145,7 @@ class LLMEngine:
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
@@ -133,15 +153,26 @@ class LLMEngine:
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
                 item.seq.request.timings.first_scheduled_time = now
+        t1 = time.perf_counter()
         try:
-            rows, tokens, logprobs = self._forward_and_sample(sched)
+            inputs = self.runner.prepare(sched)
+            t2 = time.perf_counter()
+            logits = self.runner.forward(inputs)
+            if self.record_timings and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t3 = time.perf_counter()
+            rows, tokens, logprobs = self._sample(sched, logits)
         except Exception as e:  # a failed step fails its batch; the engine goes on
             log.exception("engine step failed")
             return self._fail({id(i.seq.request): i.seq.request for i in sched.scheduled}.values(), e)
-        return self._postprocess(rows, tokens, logprobs)
+        t4 = time.perf_counter()
+        deltas = self._postprocess(rows, tokens, logprobs)
+        if self.record_timings:
+            self.step_timings.append(StepTiming(len(sched.scheduled), sched.num_tokens, t1 - t0, t2 - t1,
+                                                t3 - t2, t4 - t3, time.perf_counter() - t4))
+        return deltas
 
-    def _forward_and_sample(self, sched: SchedulerOutput):
-        logits = self.runner.execute(sched)
+    def _sample(self, sched: SchedulerOutput, logits: torch.Tensor):
         sampling: list[Sequence] = []
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens

@@ -43,7 +43,7 @@ class ModelRunner:
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         self.pin = device.type == "cuda"
 
-    def prepare(self, sched: SchedulerOutput) -> StepInputs:
+    def build_inputs(self, sched: SchedulerOutput) -> StepInputs:
         items = sched.scheduled
         q_lens = np.fromiter((s.num_new_tokens for s in items), np.int64, len(items))
         starts = np.fromiter((s.seq.num_computed_tokens for s in items), np.int64, len(items))
@@ -80,10 +80,15 @@ class ModelRunner:
             src, dst = (torch.tensor(c, device=self.device) for c in zip(*copies))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
-        """Runs one step; returns fp32 logits [num_sampling_rows, vocab]."""
+    def prepare(self, sched: SchedulerOutput) -> StepInputs:
         self.copy_blocks(sched.block_copies)
-        inputs = self.prepare(sched)
+        return self.build_inputs(sched)
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Runs the model; returns fp32 logits [num_sampling_rows, vocab]."""
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+        return self.forward(self.prepare(sched))
