@@ -56,8 +56,11 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = model_cfg.vocab_size
         self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
+        graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
-                                  cfg.max_num_seqs, self.device, cfg.torch_dtype)
+                                  cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)
+        if self.runner.graphs is not None:
+            self.runner.graphs.capture()
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)

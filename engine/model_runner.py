@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.cuda_graphs import GraphRunner
 from engine.layers.attention import make_backend
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import SchedulerOutput
@@ -31,7 +32,9 @@ def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: to
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, backend: str,
-                 max_num_seqs: int, device: torch.device, dtype: torch.dtype) -> None:
+                 max_num_seqs: int, device: torch.device, dtype: torch.dtype, max_model_len: int,
+                 graph_max_batch: int | None) -> None:
+        """graph_max_batch: largest decode batch run through the static-buffer graph runner (None: eager)."""
         cfg = model.config
         self.model, self.device, self.block_size = model, device, block_size
         self.kv_cache = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
@@ -42,6 +45,11 @@ class ModelRunner:
             attn.backend = self.backend
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         self.pin = device.type == "cuda"
+        self.graphs = None
+        if graph_max_batch:
+            # Real graphs need a backend that never syncs the host: the Triton one.
+            self.graphs = GraphRunner(model, graph_max_batch, max_model_len, block_size, device,
+                                      use_graphs=backend == "triton")
 
     def build_inputs(self, sched: SchedulerOutput) -> StepInputs:
         items = sched.scheduled
@@ -87,6 +95,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Runs the model; returns fp32 logits [num_sampling_rows, vocab]."""
+        if self.graphs is not None and self.graphs.can_run(inputs.meta, inputs.logits_indices.shape[0]):
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
