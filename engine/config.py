@@ -25,6 +25,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     max_cudagraph_batch: int = 256
+    async_scheduling: bool = True     # launch step N+1 before step N's tokens reach the host
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -14,6 +14,7 @@ from engine import loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.kv_sizing import choose_num_blocks
+from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, TokenLogprob
 from engine.request import Request, Sequence, SeqStatus
@@ -34,6 +35,7 @@ class StepTiming:
     forward: float
     sample: float
     postprocess: float
+    wait: float = 0.0        # engine thread blocked on the device (overlap hides host work inside it)
 
     @property
     def host(self) -> float:
@@ -62,15 +64,29 @@ class LLMEngine:
         if self.runner.graphs is not None:
             self.runner.graphs.capture()
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   self.max_model_len)
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
+        self.overlap = cfg.async_scheduling
+        self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False)
+        self.in_flight: LaunchedStep | None = None
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
-        self.record_timings = False
+        self._record_timings = False
         self.step_timings: list[StepTiming] = []
         log.info("engine ready: model=%s device=%s dtype=%s backend=%s kv_blocks=%d (%d tokens) max_model_len=%d",
                  cfg.model, cfg.device, cfg.dtype, cfg.attention_backend, self.num_kv_blocks,
                  (self.num_kv_blocks - 1) * cfg.block_size, self.max_model_len)
+
+    @property
+    def record_timings(self) -> bool:
+        return self._record_timings
+
+    @record_timings.setter
+    def record_timings(self, on: bool) -> None:
+        """Per-phase step timings; on CUDA the forward is synchronised so its time is its own."""
+        self._record_timings = on
+        self.executor.sync_cuda = on and self.device.type == "cuda"
 
     def _max_model_len(self, model_cfg) -> int:
         limit = model_cfg.max_position_embeddings
@@ -137,7 +153,7 @@ class LLMEngine:
             del self.requests[request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or self.in_flight is not None
 
     def stats(self) -> EngineStats:
         running = {id(s.request) for s in self.scheduler.running}
@@ -148,58 +164,76 @@ class LLMEngine:
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
+        """Schedule and launch the next batch; return the news of the batch that completed.
+
+        Without overlap the launched batch completes within this call. With overlap the previous batch
+        is resolved only after the next one is launched, so the device never waits for the host.
+        """
+        deltas: list[RequestDelta] = []
+        if self.in_flight is not None and self._needs_host_tokens():
+            deltas += self._resolve(self.in_flight)  # penalties read the real tokens on the host
+            self.in_flight = None
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
-        if not sched.scheduled:
-            return []
+        launched = None
+        if sched.scheduled:
+            try:
+                launched = self._launch(sched, t0)
+            except Exception as e:  # a failed step fails its batch; the engine goes on
+                log.exception("engine step failed")
+                deltas += self._fail({id(i.seq.request): i.seq.request for i in sched.scheduled}.values(), e)
+        if self.in_flight is not None:
+            deltas += self._resolve(self.in_flight)
+        self.in_flight = launched
+        if launched is not None and not self.overlap:
+            deltas += self._resolve(launched)
+            self.in_flight = None
+        return deltas
+
+    def _needs_host_tokens(self) -> bool:
+        return any(s.params.uses_penalties for s in self.scheduler.running)
+
+    def _launch(self, sched: SchedulerOutput, t0: float) -> LaunchedStep:
+        t1 = time.perf_counter()
         now = time.monotonic()
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
                 item.seq.request.timings.first_scheduled_time = now
-        t1 = time.perf_counter()
-        try:
-            inputs = self.runner.prepare(sched)
-            t2 = time.perf_counter()
-            logits = self.runner.forward(inputs)
-            if self.record_timings and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            t3 = time.perf_counter()
-            rows, tokens, logprobs = self._sample(sched, logits)
-        except Exception as e:  # a failed step fails its batch; the engine goes on
-            log.exception("engine step failed")
-            return self._fail({id(i.seq.request): i.seq.request for i in sched.scheduled}.values(), e)
-        t4 = time.perf_counter()
-        deltas = self._postprocess(rows, tokens, logprobs)
-        if self.record_timings:
-            self.step_timings.append(StepTiming(len(sched.scheduled), sched.num_tokens, t1 - t0, t2 - t1,
-                                                t3 - t2, t4 - t3, time.perf_counter() - t4))
-        return deltas
-
-    def _sample(self, sched: SchedulerOutput, logits: torch.Tensor):
+        inputs = self.runner.build_inputs(sched)
+        fill_dst, fill_src, end = [], [], 0
+        for item in sched.scheduled:  # a chunk ending on a token still being sampled takes it on the device
+            end += item.num_new_tokens
+            seq = item.seq
+            if item.samples and seq.token_ids[-1] == PLACEHOLDER:
+                fill_dst.append(end - 1)
+                fill_src.append(seq.pending_row)
         sampling: list[Sequence] = []
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_full_blocks(item.seq)
             if item.samples:
                 sampling.append(item.seq)
-        rows: list[Sequence] = []
-        counts: list[int] = []
+        rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
             rows.extend(family)
             counts.append(len(family))
-        if len(rows) != len(sampling):
-            logits = logits.repeat_interleave(torch.tensor(counts, device=logits.device), dim=0)
-        if not rows:
-            return [], [], None
         st = self.sampler.prepare([SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids,
-                                             s.generator) for s in rows])
-        out = self.sampler.sample(logits, st)
-        tokens = out.token_ids.tolist()
-        logprobs = None
-        if out.logprobs is not None:
-            logprobs = (out.logprobs.tolist(), out.ranks.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist())
-        return rows, tokens, logprobs
+                                             s.generator) for s in rows]) if rows else None
+        positions = []
+        for i, seq in enumerate(rows):
+            seq.token_ids.append(PLACEHOLDER)
+            seq.pending_row = i
+            positions.append(len(seq.token_ids) - 1)
+        dev = self.device
+        task = StepTask(
+            inputs, sched.block_copies,
+            torch.tensor(fill_dst, device=dev) if fill_dst else None,
+            torch.tensor(fill_src, device=dev) if fill_dst else None,
+            self.in_flight.future if fill_dst else None,
+            torch.tensor(counts, device=dev) if len(rows) != len(sampling) else None, st)
+        launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
+        launched.schedule_s, launched.prepare_s = t1 - t0, time.perf_counter() - t1
+        return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         parent.needs_fork = False
@@ -212,19 +246,42 @@ class LLMEngine:
             children.append(child)
         return children
 
-    def _postprocess(self, rows: list[Sequence], tokens: list[int], logprobs) -> list[RequestDelta]:
+    def _resolve(self, launched: LaunchedStep) -> list[RequestDelta]:
+        t0 = time.perf_counter()
+        try:
+            result: StepResult = launched.future.result()
+        except Exception as e:
+            log.exception("engine step failed")
+            live = {id(i.seq.request): i.seq.request for i in launched.sched.scheduled
+                    if i.seq.request.request_id in self.requests}
+            return self._fail(live.values(), e)
+        t1 = time.perf_counter()
+        deltas = self._postprocess(launched, result)
+        for item in launched.sched.scheduled:  # every computed token is real now: publish full blocks
+            if item.seq.status is not SeqStatus.FINISHED:
+                self.block_manager.register_full_blocks(item.seq)
+        if self.record_timings:
+            sched = launched.sched
+            self.step_timings.append(StepTiming(
+                len(sched.scheduled), sched.num_tokens, launched.schedule_s, launched.prepare_s,
+                result.forward_s, result.sample_s, time.perf_counter() - t1, wait=t1 - t0))
+        return deltas
+
+    def _postprocess(self, launched: LaunchedStep, result: StepResult) -> list[RequestDelta]:
         now = time.monotonic()
         deltas: dict[str, RequestDelta] = {}
-        for i, (seq, tok) in enumerate(zip(rows, tokens)):
-            req = seq.request
-            seq.token_ids.append(tok)
+        for i, (seq, pos) in enumerate(zip(launched.rows, launched.positions)):
+            if seq.status is SeqStatus.FINISHED:  # finished or aborted while this step ran
+                continue
+            req, tok = seq.request, result.tokens[i]
+            seq.token_ids[pos] = tok
             entry = None
-            if seq.logprobs is not None and logprobs is not None:
-                lp, ranks, top_ids, top_lps = logprobs
+            if seq.logprobs is not None and result.logprobs is not None:
+                lp, ranks, top_ids, top_lps = result.logprobs
                 k = seq.params.logprobs
                 entry = TokenLogprob(tok, lp[i], ranks[i], list(zip(top_ids[i][:k], top_lps[i][:k])))
                 seq.logprobs.append(entry)
-            self._check_finish(seq, tok)
+            self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
             delta = deltas.get(req.request_id)
@@ -241,18 +298,20 @@ class LLMEngine:
                 del self.requests[delta.request_id]
         return list(deltas.values())
 
-    def _check_finish(self, seq: Sequence, tok: int) -> None:
+    def _check_finish(self, seq: Sequence, tok: int, pos: int) -> None:
+        """pos: where tok sits in the sequence (later placeholders may follow it under overlap)."""
         p = seq.params
+        num_output = pos + 1 - seq.num_prompt_tokens
         reason, stop_reason = None, None
-        if seq.num_output_tokens >= p.min_tokens:
+        if num_output >= p.min_tokens:
             if not p.ignore_eos and tok in p.eos_token_ids:
                 reason = "stop"
             elif tok in p.stop_token_ids:
                 reason, stop_reason = "stop", tok
-        if reason is None and (seq.num_output_tokens >= seq.request.max_tokens
-                               or seq.num_tokens >= self.max_model_len):
+        if reason is None and (num_output >= seq.request.max_tokens or pos + 1 >= self.max_model_len):
             reason = "length"
         if reason is not None:
+            del seq.token_ids[pos + 1:]
             self.scheduler.finish(seq, reason, stop_reason)
 
     def _fail(self, requests, error: Exception) -> list[RequestDelta]:

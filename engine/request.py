@@ -47,6 +47,7 @@ class Sequence:
     num_hashed_blocks: int = 0         # leading full blocks already registered in the prefix cache
     block_hashes: list[bytes] = field(default_factory=list)
     needs_fork: bool = False           # first sample of an n > 1 request, prompt not yet prefilled
+    pending_row: int = -1              # row of its token in the latest launched step (overlap)
     finish_reason: str | None = None
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] | None = None

@@ -37,8 +37,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int = 1 << 31) -> None:
         self.bm = block_manager
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -57,6 +59,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._at_limit(seq):  # its token in flight is its last one (overlap): nothing to compute
+                i += 1
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.bm.allocate(seq, num_new):
                 victim = self.running.pop()
@@ -95,6 +100,9 @@ class Scheduler:
         cached = self.bm.match_prefix(seq)
         if seq.index == 0 and seq.request.num_cached_tokens == 0:
             seq.request.num_cached_tokens = cached
+
+    def _at_limit(self, seq: Sequence) -> bool:
+        return seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.max_model_len
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:

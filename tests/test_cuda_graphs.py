@@ -21,7 +21,8 @@ def test_buckets():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = make_checkpoint(tmp_path_factory.mktemp("g"), "qwen3")
-    return LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=4, max_num_seqs=16))
+    return LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=4, max_num_seqs=16,
+                                  async_scheduling=False))
 
 
 def decode_inputs(engine, n: int, seed: int):
