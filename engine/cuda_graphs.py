@@ -63,16 +63,17 @@ class GraphRunner:
         return (meta.is_decode_only and num_seqs <= self.max_batch and num_sampling_rows == num_seqs
                 and meta.block_tables.shape[1] <= self.static.block_tables.shape[1])
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, bs: int, width: int | None) -> AttentionMetadata:
         s = self.static
-        return AttentionMetadata(slot_mapping=s.slot_mapping[:bs], block_tables=s.block_tables[:bs],
+        return AttentionMetadata(slot_mapping=s.slot_mapping[:bs], block_tables=s.block_tables[:bs, :width],
                                  seq_lens=s.seq_lens[:bs], cu_seqlens_q=s.cu_seqlens_q[:bs + 1],
                                  max_seqlen_q=1, max_seqlen_k=self.max_model_len, is_decode_only=True)
 
     @torch.inference_mode()
-    def _forward(self, bs: int) -> torch.Tensor:
+    def _forward(self, bs: int, width: int | None = None) -> torch.Tensor:
+        """width: block-table columns to pass (None = all, as captured; eager CPU runs pass the live width)."""
         s = self.static
-        hidden = self.model(s.input_ids[:bs], s.positions[:bs], self._meta(bs))
+        hidden = self.model(s.input_ids[:bs], s.positions[:bs], self._meta(bs, width))
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -118,4 +119,4 @@ class GraphRunner:
         if bs in self.graphs:
             self.graphs[bs].replay()
             return self.logits[bs][:n]
-        return self._forward(bs)[:n]
+        return self._forward(bs, meta.block_tables.shape[1])[:n]

@@ -57,11 +57,29 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
+def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence, all sequences in one masked SDPA: q [B, Hq, D] -> [B, Hq, D]."""
+    num_seqs, width = block_tables.shape
+    group = q.shape[1] // k_cache.shape[2]
+    blocks = block_tables.long()
+    k = k_cache[blocks].flatten(1, 2).transpose(1, 2)   # [B, Hkv, width * block_size, D]
+    v = v_cache[blocks].flatten(1, 2).transpose(1, 2)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    visible = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=visible[:, None, None, :], scale=scale)
+    # padding rows (seq_len 0) see no key at all: their softmax is NaN; define them as 0
+    return torch.where((seq_lens > 0)[:, None, None], out[:, :, 0, :], 0.0)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only:
+            return paged_decode_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
         # One host read of the small per-sequence arrays; on CPU it is free, and this backend is the CPU path.
         seq_lens = meta.seq_lens.tolist()
         cu = meta.cu_seqlens_q.tolist()
