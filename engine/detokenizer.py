@@ -53,7 +53,7 @@ class IncrementalDetokenizer:
             return ""
         self._window.extend(new_token_ids)
         new_text = self._decode(self._window)
-        if len(new_text) <= len(self._prefix_text):
+        if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT):
             return ""                      # nothing new, or a character is still incomplete
         self._pending += new_text[len(self._prefix_text):]
         # Slide: the tokens just read become the prefix (left context) of the next window.
