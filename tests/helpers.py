@@ -31,13 +31,21 @@ def hf_model(path: str):
 
 @torch.inference_mode()
 def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy continuation (eos ignored) and the log-probability of each chosen token."""
+    """transformers' greedy continuation with eos ignored (not masked: generate's min_new_tokens would
+    mask it), and the log-probability of each chosen token."""
     model = hf_model(str(path))
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    logprobs = [torch.log_softmax(l[0].float(), -1)[t].item() for l, t in zip(out.logits, tokens)]
+    ids = list(prompt)
+    tokens, logprobs = [], []
+    past = None
+    step_input = torch.tensor([ids])
+    for _ in range(max_new_tokens):
+        out = model(step_input, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logp = torch.log_softmax(out.logits[0, -1].float(), -1)
+        tok = int(logp.argmax())
+        tokens.append(tok)
+        logprobs.append(logp[tok].item())
+        step_input = torch.tensor([[tok]])
     return tokens, logprobs
 
 
