@@ -231,8 +231,9 @@ class LLMEngine:
             torch.tensor(fill_src, device=dev) if fill_dst else None,
             self.in_flight.future if fill_dst else None,
             torch.tensor(counts, device=dev) if len(rows) != len(sampling) else None, st)
+        prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
-        launched.schedule_s, launched.prepare_s = t1 - t0, time.perf_counter() - t1
+        launched.schedule_s, launched.prepare_s = t1 - t0, prepare_s
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:

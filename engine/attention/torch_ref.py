@@ -16,7 +16,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor) -> None:
     """Scatter new K/V rows into the paged caches; slots < 0 (padding) are skipped."""
     valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
+    slots = slot_mapping[valid].long()  # int64 indices take index_put's fast path
     k_cache.view(-1, *k_cache.shape[2:])[slots] = k[valid]
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[valid]
 
@@ -60,15 +60,12 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One query token per sequence, all sequences in one masked SDPA: q [B, Hq, D] -> [B, Hq, D]."""
-    num_seqs, width = block_tables.shape
-    group = q.shape[1] // k_cache.shape[2]
     blocks = block_tables.long()
     k = k_cache[blocks].flatten(1, 2).transpose(1, 2)   # [B, Hkv, width * block_size, D]
     v = v_cache[blocks].flatten(1, 2).transpose(1, 2)
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     visible = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=visible[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=visible[:, None, None, :], scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
     # padding rows (seq_len 0) see no key at all: their softmax is NaN; define them as 0
     return torch.where((seq_lens > 0)[:, None, None], out[:, :, 0, :], 0.0)
 
