@@ -57,6 +57,8 @@ class LLMEngine:
         self.default_sampling = loaded.generation_defaults
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = model_cfg.vocab_size
+        if cfg.attention_backend == "triton":
+            self.model.use_triton_kernels()
         self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
         graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,

@@ -27,12 +27,21 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary: RotaryEmbedding | None = None  # shared, set by the model
+        self.fused_rope = None  # kernels.rope when the model runs its Triton kernels
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], -1, self.head_dim)
         k = k.reshape(k.shape[0], -1, self.head_dim)
+        if self.fused_rope is not None:  # in place on the views of the fused qkv output
+            cache = self.rotary.cos_sin_cache
+            if self.q_norm is not None:
+                self.fused_rope.qk_norm_rope(q, k, positions, cache, self.q_norm.weight, self.k_norm.weight,
+                                             self.q_norm.eps)
+            else:
+                self.fused_rope.apply_rope(q, k, positions, cache)
+            return self.o_proj(self.attn(q, k, v, meta))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
@@ -85,6 +94,17 @@ class LlamaForCausalLM(nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, self.max_position, cfg.rope_theta, cfg.rope_scaling).to(device)
         for layer in self.layers:
             layer.self_attn.rotary = rotary
+
+    def use_triton_kernels(self) -> None:
+        """Swap norm, RoPE (+ Qwen3 q/k norm) and SiLU-and-mul for their fused Triton kernels."""
+        from kernels import activation, norm, rope
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.fused = norm
+            elif isinstance(module, SiluAndMul):
+                module.fused = activation
+            elif isinstance(module, Attention):
+                module.fused_rope = rope
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.layers]

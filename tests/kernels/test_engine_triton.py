@@ -8,10 +8,11 @@ from tests.helpers import make_checkpoint, random_prompts
 from tests.kernels.paged_cases import DEVICE
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    # the test default shape: 2 layers, hidden 64, 4 query / 2 KV heads of 16 dims
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt"), "qwen3")
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def checkpoint(request, tmp_path_factory):
+    # the test default shape: 2 layers, hidden 64, 4 query / 2 KV heads of 16 dims. The triton backend also
+    # swaps in the fused norm / RoPE (Qwen3: q/k-norm + RoPE; Llama: llama3-scaled RoPE) / SiLU kernels.
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"), request.param)
 
 
 def _greedy_tokens(path, backend: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -20,6 +21,7 @@ def _greedy_tokens(path, backend: str, prompts: list[list[int]]) -> list[list[in
     llm = LLM(model=str(path), device=DEVICE, dtype="float32", attention_backend=backend, block_size=4,
               max_num_batched_tokens=16, max_num_seqs=4)
     assert llm.engine.runner.backend.name == backend
+    assert (llm.engine.model.norm.fused is not None) == (backend == "triton")
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
 
