@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import itertools
 import logging
 import time
@@ -52,6 +53,10 @@ class LLMEngine:
         self.model_name = cfg.model
         model_cfg = loader.load_model_config(Path(model_dir))
         self.max_model_len = self._max_model_len(model_cfg)
+        hd = model_cfg.head_dim
+        if config.attention_backend == "auto" and cfg.attention_backend == "triton" and (hd & (hd - 1) or not 16 <= hd <= 256):
+            log.warning("head_dim %d is not supported by the Triton kernels; using the torch backend", hd)
+            self.config = cfg = replace(cfg, attention_backend="torch")
         loaded = loader.load(model_dir, cfg.torch_dtype, self.device, self.max_model_len)
         self.model, self.model_config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self.default_sampling = loaded.generation_defaults
