@@ -153,6 +153,8 @@ class LLMEngine:
         req = self.requests.get(request_id)
         if req is None:
             return
+        if any(s.needs_fork for s in req.seqs):  # its samples do not exist yet: only the whole request can go
+            seq_index = None
         for seq in req.seqs:
             if seq_index is None or seq.index == seq_index:
                 self.scheduler.finish(seq, finish_reason)

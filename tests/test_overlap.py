@@ -78,3 +78,13 @@ def test_overlap_stops_on_stop_token_and_abort(path):
         assert tokens["x"][0] == ref["x"][0][:first + 1]
         assert finish[("x", 0)] == ("stop", stop_at)
         assert len(tokens["y"][0]) < 30 and ("y", 0) not in finish
+
+
+def test_aborting_one_sample_before_the_fork_ends_the_request(path):
+    eng = LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=4))
+    eng.add_request("r", random_prompts(1000, [9], seed=13)[0], SamplingParams(n=3, max_tokens=5))
+    eng.abort_request("r", seq_index=0, finish_reason="stop")
+    assert not eng.has_unfinished_requests()
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_usable_blocks
