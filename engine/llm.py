@@ -45,10 +45,13 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
+        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for ids, p in zip(token_prompts, params):  # refuse the batch before any of it runs
+            self.engine.check_request(ids, p)
         states: dict[str, _RequestState] = {}
-        for prompt, p in zip(prompts, params):
+        for prompt, ids, p in zip(prompts, token_prompts, params):
             rid = f"offline-{next(self._ids)}"
-            states[rid] = self._add(rid, prompt, p)
+            states[rid] = self._add(rid, prompt, ids, p)
         bar = tqdm(total=len(states), disable=not use_tqdm, desc="Generating")
         while self.engine.has_unfinished_requests():
             for delta in self.engine.step():
@@ -58,9 +61,8 @@ class LLM:
         bar.close()
         return [s.output for s in states.values()]
 
-    def _add(self, rid: str, prompt: Prompt, p: SamplingParams) -> _RequestState:
+    def _add(self, rid: str, prompt: Prompt, ids: list[int], p: SamplingParams) -> _RequestState:
         text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.engine.add_request(rid, ids, p)
         state = _RequestState(RequestOutput(rid, text, ids, []))
         for index in range(p.n):
