@@ -83,6 +83,10 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give seq slots for its next num_new_tokens tokens; False (and no change) if blocks run out."""
+        computed, table = seq.num_computed_tokens, seq.block_table
+        if (computed < computed + num_new_tokens <= len(table) * self.block_size
+                and self.blocks[table[computed // self.block_size]].ref_count == 1):
+            return True  # the common decode case: room left in an unshared last block
         if not self.can_allocate(seq, num_new_tokens):
             return False
         if seq.num_computed_tokens % self.block_size and self._last_block_shared(seq):
