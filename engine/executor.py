@@ -85,7 +85,10 @@ class StepExecutor:
         tokens = out.token_ids.tolist()  # the one device->host copy of the step
         logprobs = None
         if out.logprobs is not None:
-            logprobs = (out.logprobs.tolist(), out.ranks.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist())
+            no_top = [[] for _ in tokens]  # logprobs=0: the chosen token only
+            logprobs = (out.logprobs.tolist(), out.ranks.tolist(),
+                        no_top if out.top_ids is None else out.top_ids.tolist(),
+                        no_top if out.top_logprobs is None else out.top_logprobs.tolist())
         return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1)
 
     @staticmethod

@@ -1,0 +1,90 @@
+"""The FastAPI app: routes, limits, error envelope, and the engine thread's lifetime (lifespan)."""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import pathlib
+import tomllib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from server import chat, completions, tokenization
+from server.async_engine import AsyncEngine, LoopFactory
+from server.context import ServingContext, get_context
+from server.errors import error_response, install_error_handlers, model_not_found
+from server.logprobs import TokenText
+from server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
+from server.metrics import CONTENT_TYPE, ServerMetrics
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("pagedserve")
+    except importlib.metadata.PackageNotFoundError:     # running from a checkout that is not installed
+        pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+        with contextlib.suppress(OSError, KeyError, tomllib.TOMLDecodeError):
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        return "unknown"
+
+
+def create_app(engine: Any, *, served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               stream_interval: int = 1, loop_factory: LoopFactory | None = None) -> FastAPI:
+    """An app serving `engine` (already loaded); its engine thread runs while the app's lifespan does."""
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
+    name = served_model_name or engine.model_name
+    metrics = ServerMetrics(name, engine.max_model_len)
+    bridge = AsyncEngine(engine, metrics, loop_factory, stream_interval)
+    ctx = ServingContext(engine, bridge, metrics, name, TokenText(engine.tokenizer))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await ctx.async_engine.start()
+        try:
+            yield
+        finally:
+            await ctx.async_engine.shutdown()
+
+    app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)
+    app.state.ctx = ctx
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    install_error_handlers(app)
+    for module in (completions, chat, tokenization):
+        app.include_router(module.router)
+    _add_service_routes(app)
+    return app
+
+
+def _model_card(ctx: ServingContext) -> dict[str, Any]:
+    return {"id": ctx.served_model_name, "object": "model", "created": ctx.created, "owned_by": "pagedserve",
+            "root": ctx.engine.model_name, "parent": None, "max_model_len": ctx.max_model_len}
+
+
+def _add_service_routes(app: FastAPI) -> None:
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(get_context(request))]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+        ctx = get_context(request)
+        if model != ctx.served_model_name:
+            raise model_not_found(model)
+        return _model_card(ctx)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        if get_context(request).async_engine.alive:
+            return Response(status_code=200)
+        return error_response(503, "The engine is not running.")
+
+    @app.get("/version")
+    async def get_version() -> dict[str, str]:
+        return {"version": version()}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(get_context(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,116 @@
+"""`pagedserve` command line: one subcommand per job (serve; bench is added beside it).
+
+A subcommand is a function `register(subparsers)` that adds its parser and sets `func` (args -> exit
+code); adding one is one line in COMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from engine.config import EngineConfig
+from server.settings import ServeSettings, add_serve_arguments, resolve_settings
+
+if TYPE_CHECKING:
+    from server.async_engine import AsyncEngine
+
+logger = logging.getLogger("pagedserve")
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def register_serve(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="Run the OpenAI-compatible HTTP server.",
+        description="Serve a model over an OpenAI-compatible HTTP API. Every flag can also come from the "
+                    "environment (PAGEDSERVE_<FLAG>) or a YAML file (--config); flags win over the environment, "
+                    "which wins over the file.")
+    add_serve_arguments(parser)
+    parser.set_defaults(func=run_serve)
+
+
+def register_bench(subparsers: argparse._SubParsersAction) -> None:
+    from server import bench_serve, bench_throughput
+    bench = subparsers.add_parser("bench", help="Benchmarks: offline throughput, or a client against a server.")
+    kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, module in (("throughput", bench_throughput), ("serve", bench_serve)):
+        parser = kinds.add_parser(name, help=module.__doc__.strip().splitlines()[0])
+        module.add_arguments(parser)
+        parser.set_defaults(func=module.main)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [register_serve, register_bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedserve", description="pagedserve: an OpenAI-compatible LLM server.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in COMMANDS:
+        register(subparsers)
+    return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        settings = resolve_settings(args)
+        config = settings.engine_config()
+    except ValueError as exc:
+        print(f"pagedserve serve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format=_LOG_FORMAT)
+    return serve(settings, config)
+
+
+def serve(settings: ServeSettings, config: EngineConfig) -> int:
+    from engine.engine import LLMEngine
+    from server.app import create_app
+
+    logger.info("loading model %s", config.model)
+    try:
+        engine = LLMEngine(config)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        logger.error("cannot load the model: %s", exc)
+        return 1
+    resolved = engine.config
+    name = settings.served_model_name or engine.model_name
+    logger.info("model=%s served as %r device=%s dtype=%s attention=%s kv_blocks=%d (block size %d) "
+                "max_model_len=%d", engine.model_name, name, resolved.device, resolved.dtype,
+                resolved.attention_backend, engine.num_kv_blocks, resolved.block_size, engine.max_model_len)
+    app = create_app(engine, served_model_name=name, max_body_bytes=settings.max_body_bytes,
+                     stream_interval=settings.stream_interval)
+    logger.info("serving on http://%s:%d (OpenAI base URL http://%s:%d/v1)", settings.host, settings.port,
+                settings.host, settings.port)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            access_log=settings.access_log, timeout_graceful_shutdown=settings.shutdown_timeout)
+    _DrainingServer(config, app.state.ctx.async_engine).run()
+    return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose SIGINT/SIGTERM shutdown first drains the engine: new requests are refused at
+    once, running ones get --shutdown-timeout seconds, then end with an error event (or a 503) just before
+    uvicorn would cut their connections. Then the app's lifespan stops the engine thread."""
+
+    _MARGIN_S = 0.5
+
+    def __init__(self, config: uvicorn.Config, bridge: "AsyncEngine") -> None:
+        super().__init__(config)
+        self.bridge = bridge
+
+    async def shutdown(self, sockets=None) -> None:
+        timeout = self.config.timeout_graceful_shutdown
+        self.bridge.drain(None if timeout is None else max(0.0, timeout - self._MARGIN_S))
+        await super().shutdown(sockets)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

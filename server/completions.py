@@ -1,0 +1,109 @@
+"""POST /v1/completions."""
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server.context import ServingContext, get_context, respond
+from server.generation import ChoiceDelta, GenerationStream
+from server.logprobs import OffsetCounter, completion_logprobs
+from server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, usage_dict
+from server.sse import ChunkFormat, choice_events
+
+router = APIRouter()
+
+
+def tokenize_prompts(tokenizer: Any, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+    """The four prompt forms -> token ids per prompt, and the prompt text where the client sent text."""
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not prompts:
+        raise ValueError("prompt must not be empty.")
+    if isinstance(prompts[0], int):
+        prompts = [prompts]
+    if len(prompts) > MAX_BATCH_PROMPTS:
+        raise ValueError(f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(prompts)}.")
+    if isinstance(prompts[0], str):
+        if not all(prompts):
+            raise ValueError("prompt must not be empty.")
+        return tokenizer(prompts, add_special_tokens=True)["input_ids"], list(prompts)
+    return [list(p) for p in prompts], [None] * len(prompts)
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, raw_request: Request) -> Response:
+    arrival = time.monotonic()
+    ctx = get_context(raw_request)
+    ctx.check_model(body.model)
+    body.validate_request()
+    prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
+    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.engine.default_sampling)
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    view = _CompletionView(ctx, body, response_id, prompts, texts)
+    stream = ctx.start(response_id, prompts, params, arrival)
+    return await respond(raw_request, stream, view, body.stream)
+
+
+class _CompletionView:
+    """Renders one completion request's choices, streamed or whole."""
+
+    def __init__(self, ctx: ServingContext, body: CompletionRequest, response_id: str,
+                 prompts: list[list[int]], texts: list[str | None]) -> None:
+        self.ctx, self.body, self.id, self.prompts, self.texts = ctx, body, response_id, prompts, texts
+        self.created = int(time.time())
+        # text_offset runs on across a choice's chunks (and starts after the echoed prompt).
+        self.offsets = [OffsetCounter(body.skip_special_tokens) for _ in range(len(prompts) * body.n)]
+
+    @functools.cached_property
+    def echo_texts(self) -> list[str] | None:
+        """The prompts as echoed: the client's text, or the decoded ids (after the engine checked them)."""
+        if not self.body.echo:
+            return None
+        skip = self.body.skip_special_tokens
+        return [t if t is not None else self.ctx.tokenizer.decode(ids, skip_special_tokens=skip)
+                for t, ids in zip(self.texts, self.prompts)]
+
+    def _logprobs(self, index: int, token_ids: list[int], logprobs: list | None,
+                  with_prompt: bool) -> dict[str, Any] | None:
+        if self.body.logprobs is None:
+            return None
+        prompt_ids = self.prompts[index // self.body.n] if with_prompt else []
+        return completion_logprobs(self.ctx.token_text, self.offsets[index], prompt_ids + token_ids,
+                                   logprobs or [], self.body.logprobs, num_unscored=len(prompt_ids))
+
+    def _choice(self, index: int, text: str, logprobs: dict | None, finish: str | None,
+                stop_reason: int | str | None) -> dict[str, Any]:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = stop_reason
+        return choice
+
+    def response(self, stream: GenerationStream) -> dict[str, Any]:
+        choices = []
+        for c in stream.choices:
+            prefix = self.echo_texts[c.index // self.body.n] if self.echo_texts else ""
+            logprobs = self._logprobs(c.index, c.token_ids, c.logprobs, with_prompt=self.body.echo)
+            choices.append(self._choice(c.index, prefix + c.text, logprobs, c.finish_reason, c.stop_reason))
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.ctx.served_model_name, "choices": choices,
+                "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
+
+    def events(self, stream: GenerationStream) -> AsyncIterator[str]:
+        fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name)
+        echo = "".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
+                                              self._logprobs(i, [], [], with_prompt=True), None, None))
+                       for i in range(len(stream.choices))) if self.echo_texts else ""
+        return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, first=echo)
+
+    def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        # Tokens whose text is still held back (a partial character, a possible stop string) make no
+        # chunk, unless they carry logprobs.
+        if not (d.text or d.finish_reason or (d.token_ids and self.body.logprobs is not None)):
+            return None
+        logprobs = self._logprobs(d.index, d.token_ids, d.logprobs, with_prompt=False) if d.token_ids else None
+        return self._choice(d.index, d.text, logprobs, d.finish_reason, d.stop_reason)

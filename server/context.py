@@ -1,0 +1,70 @@
+"""What every route needs: the engine, its async bridge, the served name, the metrics."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.sampling_params import SamplingParams
+from server.async_engine import AsyncEngine, EngineUnavailable
+from server.errors import APIError, ClientDisconnected, model_not_found
+from server.generation import GenerationError, GenerationStream
+from server.logprobs import TokenText
+from server.metrics import ServerMetrics
+from server.sse import SSEResponse, await_or_disconnect
+
+
+@dataclass
+class ServingContext:
+    engine: Any                       # engine.engine.LLMEngine (or a test double with the same surface)
+    async_engine: AsyncEngine
+    metrics: ServerMetrics
+    served_model_name: str
+    token_text: TokenText
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check_model(self, name: str | None) -> None:
+        """An empty or missing model means the served one (what vLLM does); anything else must match."""
+        if name and name != self.served_model_name:
+            raise model_not_found(name)
+
+    def start(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+              arrival_time: float) -> GenerationStream:
+        try:
+            return self.async_engine.generate(request_id, prompts, params, arrival_time)
+        except EngineUnavailable as exc:
+            raise APIError(503, f"The server cannot take requests now: {exc}.") from None
+
+
+class View(Protocol):
+    """How one endpoint renders a generation: as SSE events, or as one JSON body at the end."""
+    def events(self, stream: GenerationStream) -> AsyncIterator[str]: ...
+    def response(self, stream: GenerationStream) -> dict[str, Any]: ...
+
+
+async def respond(request: Request, stream: GenerationStream, view: View, streaming: bool) -> Response:
+    if streaming:
+        return SSEResponse(view.events(stream))
+    try:
+        await await_or_disconnect(request, stream.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)     # nobody is listening; the request was aborted
+    except GenerationError as exc:
+        raise APIError(exc.status, f"Generation failed: {exc}.") from None
+    return JSONResponse(view.response(stream))
+
+
+def get_context(request: Request) -> ServingContext:
+    return request.app.state.ctx

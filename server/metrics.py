@@ -1,0 +1,130 @@
+"""Prometheus metrics (names pagedserve_*, label model_name) in a registry owned by one app.
+
+Gauges and the engine-side counters (preemptions, prefix cache) come from EngineStats after each step;
+per-request counters and histograms are fed by the front end as it consumes each request's deltas, so
+they count exactly what clients received.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
+
+from engine.outputs import EngineStats, RequestTimings
+
+CONTENT_TYPE = _CONTENT_TYPE
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def token_buckets(max_len: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to max_len (and max_len itself)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_len:
+                return tuple(buckets + [float(max_len)])
+            buckets.append(float(m * scale))
+        scale *= 10
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, label = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, label, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, label, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, label, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_running = gauge("pagedserve_num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("pagedserve_num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("pagedserve_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).")
+        self.prompt_tokens = counter("pagedserve_prompt_tokens", "Prompt tokens of requests that started.")
+        self.generation_tokens = counter("pagedserve_generation_tokens", "Generated tokens returned to clients.")
+        self.preemptions = counter("pagedserve_num_preemptions", "Requests preempted for lack of KV blocks.")
+        self.prefix_queries = counter("pagedserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("pagedserve_prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        success = Counter("pagedserve_request_success", "Finished requests by finish reason.",
+                          ["model_name", "finished_reason"], registry=r)
+        self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        self.ttft = histogram("pagedserve_time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS)
+        self.itl = histogram("pagedserve_inter_token_latency_seconds", "Time between a request's steps.", _ITL_BUCKETS)
+        self.e2e = histogram("pagedserve_e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
+        self.queue_time = histogram("pagedserve_request_queue_time_seconds", "Arrival to first schedule.",
+                                    _REQUEST_BUCKETS)
+        tokens = token_buckets(max_model_len)
+        self.request_prompt_tokens = histogram("pagedserve_request_prompt_tokens", "Prompt length per request.", tokens)
+        self.request_generation_tokens = histogram("pagedserve_request_generation_tokens",
+                                                   "Generated tokens per request.", tokens)
+        self._seen = EngineStats()
+
+    def observe_stats(self, stats: EngineStats) -> None:
+        """Called once per engine step (on the event loop)."""
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        # The engine reports running totals; Prometheus counters only move forward by increments.
+        for counter, name in ((self.preemptions, "num_preemptions_total"),
+                              (self.prefix_queries, "prefix_cache_queries_total"),
+                              (self.prefix_hits, "prefix_cache_hits_total")):
+            increment = getattr(stats, name) - getattr(self._seen, name)
+            if increment > 0:
+                counter.inc(increment)
+        self._seen = stats
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass
+class RequestRecorder:
+    """Per engine request: turns its deltas into TTFT / ITL / e2e observations, once each."""
+    metrics: ServerMetrics
+    num_generated: int = 0
+    last_token_time: float | None = None
+    started: bool = False
+    done: bool = False
+
+    def on_delta(self, timings: RequestTimings, num_prompt_tokens: int, num_tokens: int, now: float) -> None:
+        m = self.metrics
+        if not self.started:
+            self.started = True
+            m.prompt_tokens.inc(num_prompt_tokens)
+            if timings.first_scheduled_time is not None:
+                m.queue_time.observe(max(0.0, timings.first_scheduled_time - timings.arrival_time))
+        if num_tokens == 0:
+            return
+        if self.last_token_time is None:
+            first = timings.first_token_time if timings.first_token_time is not None else now
+            m.ttft.observe(max(0.0, first - timings.arrival_time))
+        else:
+            m.itl.observe(max(0.0, now - self.last_token_time))
+        self.last_token_time = now
+        self.num_generated += num_tokens
+        m.generation_tokens.inc(num_tokens)
+
+    def on_finish(self, reason: str, timings: RequestTimings | None, num_prompt_tokens: int, now: float) -> None:
+        if self.done:
+            return
+        self.done = True
+        m = self.metrics
+        m.success[reason if reason in m.success else "error"].inc()
+        if reason == "abort" or timings is None:
+            return
+        end = timings.finished_time if timings.finished_time is not None else now
+        m.e2e.observe(max(0.0, end - timings.arrival_time))
+        m.request_prompt_tokens.observe(num_prompt_tokens)
+        m.request_generation_tokens.observe(self.num_generated)

@@ -1,0 +1,182 @@
+"""Pydantic models of the OpenAI requests (plus vLLM's extra sampling fields), and their SamplingParams.
+
+Unknown fields are ignored (clients send fields this server has no use for); every range check lives in
+SamplingParams so that the HTTP and offline paths refuse the same things with the same message.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from engine.sampling_params import SamplingParams
+
+# Completions' `logprobs` is 0..5 in the OpenAI API; chat's `top_logprobs` is 0..20.
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_BATCH_PROMPTS = 256
+
+# OpenAI's defaults for the fields a model's generation_config.json may override.
+_OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: StrictBool = False
+
+
+class SamplingRequest(OpenAIModel):
+    """The fields /v1/completions and /v1/chat/completions share."""
+    model: str | None = None
+    n: StrictInt = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extra sampling fields
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options may only be set when stream is true.")
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        model_defaults: dict[str, Any]) -> SamplingParams:
+        """SamplingParams for this request; fields the client left out come from the model's defaults."""
+        chosen = {}
+        for name, openai_default in _OPENAI_DEFAULTS.items():
+            value = getattr(self, name)
+            chosen[name] = value if value is not None else model_defaults.get(name, openai_default)
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            logprobs=logprobs, logit_bias=_parse_logit_bias(self.logit_bias),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens, **chosen)
+
+
+def _parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    try:
+        return {int(k): v for k, v in bias.items()}
+    except ValueError:
+        raise ValueError("logit_bias keys must be token ids written as strings, e.g. {\"50256\": -100}.") from None
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+    suffix: str | None = None
+
+    def validate_request(self) -> None:
+        self.check_stream_options()
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {self.logprobs}.")
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise ValueError("best_of other than n is not supported; leave it out and use n.")
+        if self.suffix:
+            raise ValueError("suffix is not supported.")
+
+
+class ContentPart(OpenAIModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (name, tool_calls, tool_call_id, ...) are kept: chat templates may render them.
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: StrictStr | list[ContentPart] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            message["content"] = _join_text_parts(self.content)
+        return message
+
+
+def _join_text_parts(parts: list[ContentPart]) -> str:
+    texts = []
+    for part in parts:
+        if part.type != "text" or part.text is None:
+            raise ValueError(f"message content parts of type {part.type!r} are not supported; only text.")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+class ResponseFormat(OpenAIModel):
+    type: str = "text"
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: StrictBool = True
+
+    def validate_request(self) -> None:
+        self.check_stream_options()
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise ValueError("top_logprobs requires logprobs to be true.")
+            if not 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS:
+                raise ValueError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}.")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format type {self.response_format.type!r} is not supported; use 'text'.")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """None fills the context: the chat default, as in OpenAI's API."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(OpenAIModel):
+    model: str | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,171 @@
+"""`pagedserve serve` options from four sources: flag > env PAGEDSERVE_<FLAG> > --config FILE.yaml > default.
+
+One table (OPTIONS) drives the argparse flags, the environment variable names and the YAML keys, so the
+three spellings cannot drift apart: `--max-model-len`, `PAGEDSERVE_MAX_MODEL_LEN`, `max-model-len:`
+(or `max_model_len:`) in the file.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.config import ATTENTION_BACKENDS, EngineConfig
+from server.limits import DEFAULT_MAX_BODY_BYTES
+
+ENV_PREFIX = "PAGEDSERVE_"
+_ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE | _FALSE:
+        return text in _TRUE
+    raise ValueError(f"expected a boolean (true/false), got {value!r}")
+
+
+def _positive_int(value: object) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None or str(value).strip().lower() in ("", "none", "auto") else int(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str                       # the dest, e.g. "max_model_len"
+    convert: Callable[[Any], Any]
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[str, ...] | None = None) -> Option:
+    return Option(name, convert, _ENGINE_DEFAULTS[name], help, choices)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _engine("model", str, "Hugging Face checkpoint directory, or 'tiny-random' (built-in random demo model)."),
+    Option("served_model_name", str, None, "Model name clients use in requests (default: --model)."),
+    Option("host", str, "127.0.0.1", "Address to bind (0.0.0.0 for every interface)."),
+    Option("port", int, 8000, "Port to listen on."),
+    _engine("device", str, "cpu, cuda, cuda:N or auto."),
+    _engine("dtype", str, "Weights and activations dtype.", ("auto", "float32", "float16", "bfloat16")),
+    _engine("max_model_len", _optional_int, "Longest prompt + completion in tokens (default: the model's)."),
+    _engine("max_num_seqs", int, "Most sequences in one batch."),
+    _engine("max_num_batched_tokens", int, "Token budget of one engine step (prefill chunks + decodes)."),
+    _engine("block_size", int, "Tokens per KV-cache block (a power of two)."),
+    _engine("num_kv_blocks", _optional_int, "KV-cache blocks (default: sized from free GPU memory, or on CPU "
+                                            "from max-num-seqs x max-model-len)."),
+    _engine("gpu_memory_utilization", float, "Fraction of GPU memory the engine may use (weights + KV cache)."),
+    _engine("enforce_eager", parse_bool, "Never capture or replay CUDA graphs."),
+    _engine("attention_backend", str, "Attention implementation.", ATTENTION_BACKENDS),
+    _engine("enable_prefix_caching", parse_bool, "Reuse KV blocks of identical prompt prefixes."),
+    _engine("seed", int, "Seed of the engine's random generator (unseeded requests)."),
+    Option("max_body_bytes", int, DEFAULT_MAX_BODY_BYTES, "Largest request body accepted (bigger: HTTP 413)."),
+    Option("stream_interval", _positive_int, 1, "Engine steps per streamed chunk (first token and finish are never held "
+                                      "back); above 1 trades smoothness for throughput."),
+    Option("shutdown_timeout", float, 5.0, "Seconds in-flight requests may take to finish after SIGTERM."),
+    Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
+    Option("access_log", parse_bool, True, "Log one line per HTTP request."),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def _flag_type(opt: Option) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return opt.convert(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r} ({exc})") from None
+    return convert
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags default to SUPPRESS so that only what was typed overrides env, file and defaults."""
+    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
+                        help=f"YAML file whose keys are flag names (env: {ENV_PREFIX}CONFIG).")
+    for opt in OPTIONS:
+        help_text = f"{opt.help} Env: {opt.env}. Default: {opt.default}."
+        if opt.convert is parse_bool:
+            parser.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
+                                default=argparse.SUPPRESS, help=help_text)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(**{k: v for k, v in self.values.items() if k in _ENGINE_DEFAULTS})
+
+
+def _convert(opt: Option, value: Any, source: str) -> Any:
+    try:
+        converted = opt.convert(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: invalid value {value!r} for {opt.flag} ({exc}).") from None
+    if opt.choices and converted not in opt.choices:
+        raise ValueError(f"{source}: {opt.flag} must be one of {', '.join(opt.choices)}; got {converted!r}.")
+    return converted
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"config file {path} does not exist.")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must be a mapping of flag names to values.")
+    values = {}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in _BY_NAME:
+            raise ValueError(f"config file {path}: unknown key {key!r}; keys are the flag names of "
+                             f"`pagedserve serve`, e.g. max-model-len.")
+        values[name] = _convert(_BY_NAME[name], value, f"config file {path}")
+    return values
+
+
+def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServeSettings:
+    environ = os.environ if environ is None else environ
+    flags = vars(args)
+    values = {o.name: o.default for o in OPTIONS}
+    config_path = flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        values.update(read_config_file(config_path))
+    for opt in OPTIONS:
+        if opt.env in environ:
+            values[opt.name] = _convert(opt, environ[opt.env], f"environment variable {opt.env}")
+    values.update({k: v for k, v in flags.items() if k in _BY_NAME})
+    return ServeSettings(values)

@@ -1,0 +1,127 @@
+"""Server-sent events and client-disconnect handling.
+
+A client that goes away must abort its request so the engine frees its KV blocks. For streams, the
+response races the body against `http.disconnect` and always closes the body generator (whose `finally`
+aborts the request). For plain responses, `await_or_disconnect` does the same race around the wait.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from server.errors import ClientDisconnected, error_body
+from server.generation import ChoiceDelta, GenerationError, GenerationStream
+from server.protocol import usage_dict
+
+T = TypeVar("T")
+DONE = "data: [DONE]\n\n"
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+
+def dumps(obj: Any) -> str:
+    # allow_nan=False: a NaN must never reach a client as invalid JSON (logprobs are clamped before this).
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def sse_event(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ChunkFormat:
+    """Serialises stream chunks that share id/object/created/model; the shared head is encoded once."""
+
+    def __init__(self, response_id: str, obj: str, created: int, model: str) -> None:
+        head = dumps({"id": response_id, "object": obj, "created": created, "model": model})
+        self._head = "data: " + head[:-1] + ',"choices":['
+
+    def event(self, choice: dict[str, Any]) -> str:
+        return f"{self._head}{dumps(choice)}]}}\n\n"
+
+    def usage_event(self, usage: dict[str, int]) -> str:
+        return f'{self._head}],"usage":{dumps(usage)}}}\n\n'
+
+
+async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
+                        render: Callable[[ChoiceDelta], dict[str, Any] | None], include_usage: bool,
+                        first: str = "") -> AsyncIterator[str]:
+    """The body of a completions or chat stream: `first` (role or echo chunks), one chunk per choice update
+    that `render` keeps, the usage chunk when asked for, then [DONE]. A failure after the stream started
+    is reported in-band, as an error event."""
+    try:
+        if first:
+            yield first
+        async for deltas in stream.updates():
+            yield "".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
+        if include_usage:
+            yield fmt.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
+    except GenerationError as exc:
+        yield sse_event(error_body(exc.status, f"Generation failed: {exc}."))
+    finally:
+        # Closed at a `yield` (client gone), the inner updates() generator is not closed with us: abort
+        # the engine requests here rather than whenever that generator is collected.
+        stream.close()
+    yield DONE
+
+
+class SSEResponse(Response):
+    """Streams `data: ...` events from an async iterator of str; a disconnect closes the iterator."""
+
+    def __init__(self, body: AsyncIterator[str]) -> None:
+        self._events = body
+        self.status_code = 200
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender = asyncio.ensure_future(self._send_all(send))
+        listener = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            listener.cancel()
+            sender.cancel()
+            await asyncio.gather(sender, listener, return_exceptions=True)
+            # Runs the body's `finally` (the abort) even if it never started or was cancelled mid-wait.
+            await self._events.aclose()
+        if not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()
+
+    async def _send_all(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        async for piece in self._events:
+            if piece:
+                await send({"type": "http.response.body", "body": piece.encode("utf-8"), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def await_or_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Awaits `work`; if the client disconnects first, cancels it and raises ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        listener.cancel()
+        raise
+    listener.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientDisconnected()

@@ -1,0 +1,37 @@
+"""POST /tokenize and POST /detokenize (vLLM's utility endpoints)."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.chat import render_chat
+from server.context import get_context
+from server.protocol import DetokenizeRequest, TokenizeRequest
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, raw_request: Request) -> dict[str, Any]:
+    ctx = get_context(raw_request)
+    ctx.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise ValueError("send exactly one of prompt (text) or messages (chat).")
+    if body.messages is not None:
+        tokens = render_chat(ctx.tokenizer, body.messages, body.add_generation_prompt)
+    else:
+        tokens = ctx.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
+    strs = [s for s, _ in ctx.token_text.pieces(tokens)] if body.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens, "token_strs": strs}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, raw_request: Request) -> dict[str, str]:
+    ctx = get_context(raw_request)
+    ctx.check_model(body.model)
+    vocab_size = ctx.engine.vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is out of vocabulary (valid ids are 0..{vocab_size - 1}).")
+    return {"prompt": ctx.tokenizer.decode(body.tokens)}

@@ -1,0 +1,154 @@
+"""The asyncio <-> engine-thread bridge with the test playing the engine: exact token scripts for stop
+strings across tokens and n > 1, and an engine thread that dies mid-request. In-process (no model)."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
+
+from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
+from server.app import create_app
+from tests.server.sse import parse_sse
+
+
+class FakeEngine:
+    """The LLMEngine surface the server uses, without a model."""
+
+    def __init__(self) -> None:
+        from engine.tiny_model import ensure_tokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
+        self.model_name = "scripted"
+        self.max_model_len = 64
+        self.vocab_size = len(self.tokenizer)
+        self.default_sampling: dict = {}
+
+    def check_request(self, prompt_token_ids: list[int], params) -> None:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+
+
+class ScriptedLoop:
+    """Stands in for EngineLoop: records what the front end asks for; the test delivers the steps."""
+
+    def __init__(self, engine: FakeEngine, deliver) -> None:
+        self.engine, self.deliver = engine, deliver
+        self.added: queue.Queue = queue.Queue()
+        self.aborts: list[tuple] = []
+        self.error: BaseException | None = None
+        self._alive = False
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def start(self) -> None:
+        self._alive = True
+
+    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None) -> None:
+        self.engine.check_request(prompt_token_ids, params)
+        self.added.put((request_id, prompt_token_ids, params, arrival_time))
+
+    def abort(self, request_id, seq_index=None, finish_reason="abort") -> None:
+        self.aborts.append((request_id, seq_index, finish_reason))
+
+    def shutdown(self, timeout=None) -> None:
+        self._alive = False
+
+    def die(self) -> None:
+        self.error = RuntimeError("simulated engine crash")
+        self._alive = False
+
+
+@pytest.fixture
+def setup() -> Iterator[tuple[TestClient, list]]:
+    loops: list[ScriptedLoop] = []
+
+    def factory(engine, deliver):
+        loops.append(ScriptedLoop(engine, deliver))
+        return loops[0]
+
+    app = create_app(FakeEngine(), loop_factory=factory)
+    with TestClient(app) as client:
+        yield client, loops
+
+
+def _play(loop: ScriptedLoop, steps: list[dict[int, tuple[str, str | None]]]) -> threading.Thread:
+    """In a thread (like the engine's): waits for the request, then delivers one delta per step.
+    A step maps sample index -> (token text, finish reason)."""
+    tok = loop.engine.tokenizer
+
+    def run() -> None:
+        request_id, prompt, _, arrival = loop.added.get(timeout=10)
+        timings = RequestTimings(arrival_time=arrival or 0.0, first_scheduled_time=arrival, first_token_time=arrival)
+        for i, step in enumerate(steps):
+            seqs = [SequenceDelta(index, tok.encode(text, add_special_tokens=False), None, reason) for index, (text, reason) in step.items()]
+            last = i == len(steps) - 1
+            loop.deliver([RequestDelta(request_id, seqs, last, len(prompt), 0, timings)], EngineStats(num_running=1))
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# Sample 0 completes the stop string "ab" across two tokens, then gets one more (ignored) token;
+# sample 1 never matches and ends by length.
+SCRIPT = [{0: ("x", None), 1: ("q", None)},
+          {0: ("a", None), 1: ("r", None)},
+          {0: ("b", None), 1: ("s", None)},
+          {0: ("z", None), 1: ("t", "length")}]
+BODY = {"prompt": "hi", "n": 2, "stop": "ab", "max_tokens": 4}
+
+
+def test_stop_string_across_tokens_stops_only_its_sample(setup) -> None:
+    client, [loop] = setup
+    player = _play(loop, SCRIPT)
+    data = client.post("/v1/completions", json=BODY).json()
+    player.join()
+    first, second = data["choices"]
+    assert (first["text"], first["finish_reason"], first["stop_reason"]) == ("x", "stop", "ab")
+    assert (second["text"], second["finish_reason"]) == ("qrst", "length")
+    assert data["usage"]["completion_tokens"] == 3 + 4      # up to the token completing "ab"; "z" ignored
+    request_id = loop.aborts[0][0]
+    assert loop.aborts == [(request_id, 0, "stop")]         # the engine is told to stop sample 0 only
+
+
+def test_streamed_stop_string_is_never_leaked(setup) -> None:
+    client, [loop] = setup
+    player = _play(loop, SCRIPT)
+    response = client.post("/v1/completions", json={**BODY, "stream": True})
+    player.join()
+    events = parse_sse(response.text)
+    by_index: dict[int, str] = {0: "", 1: ""}
+    for event in events:
+        [choice] = event["choices"]
+        by_index[choice["index"]] += choice["text"]
+        assert "a" not in by_index[0], "a possible start of the stop string was sent before it was decided"
+    assert by_index == {0: "x", 1: "qrst"}
+
+
+def test_engine_death_fails_requests_and_health(setup) -> None:
+    client, [loop] = setup
+    assert client.get("/health").status_code == 200
+    results: dict[str, object] = {}
+    waiters = [threading.Thread(target=lambda: results.update(plain=client.post("/v1/completions", json={
+                   "prompt": "hi"})), daemon=True),
+               threading.Thread(target=lambda: results.update(stream=client.post("/v1/completions", json={
+                   "prompt": "hi", "stream": True})), daemon=True)]
+    for waiter in waiters:
+        waiter.start()
+    loop.added.get(timeout=10)
+    loop.added.get(timeout=10)
+    loop.die()
+    for waiter in waiters:
+        waiter.join(timeout=20)
+    plain = results["plain"]
+    assert plain.status_code == 500 and "Generation failed" in plain.json()["error"]["message"]
+    stream = results["stream"]
+    assert stream.status_code == 200 and "Generation failed" in parse_sse(stream.text)[-1]["error"]["message"]
+    assert client.get("/health").status_code == 503
+    response = client.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == 503 and json.loads(response.text)["error"]["message"]
