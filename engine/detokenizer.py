@@ -20,6 +20,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str],
                  include_stop_str_in_output: bool, skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
+        # The Rust tokenizer behind a fast HF tokenizer decodes the same text without the Python wrapper's
+        # overhead (this runs once or twice per token on the server's event loop).
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.stop = [s for s in stop if s]
         self.include_stop_str_in_output = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
@@ -75,6 +78,8 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         # No clean-up of spaces: it would make window-by-window text differ from one-shot text.
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
