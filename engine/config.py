@@ -25,7 +25,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     max_cudagraph_batch: int = 256
-    async_scheduling: bool = True     # launch step N+1 before step N's tokens reach the host
+    # Launch step N+1 before step N's tokens reach the host. None: on for CUDA, where the device runs
+    # asynchronously; off on CPU, where the forward would compete with the host work for the same cores.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -59,7 +61,8 @@ class EngineConfig:
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device.startswith("cuda") else "torch"
-        return replace(self, device=device, dtype=dtype, attention_backend=backend)
+        overlap = device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
+        return replace(self, device=device, dtype=dtype, attention_backend=backend, async_scheduling=overlap)
 
     @property
     def torch_dtype(self) -> torch.dtype:
