@@ -55,7 +55,10 @@ class StepExecutor:
     def __init__(self, runner: ModelRunner, sampler: Sampler, overlap: bool, sync_cuda: bool) -> None:
         self.runner, self.sampler = runner, sampler
         self.sync_cuda = sync_cuda
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-step") if overlap else None
+        device = runner.device
+        # The current CUDA device is per thread: the worker must use the engine's.
+        init = (lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-step", initializer=init) if overlap else None
 
     def submit(self, task: StepTask) -> Future:
         if self.pool is not None:
