@@ -38,7 +38,7 @@ def _ref(case) -> torch.Tensor:
                                case.cu_seqlens_q, case.scale)
 
 
-def _check_rows(out: torch.Tensor, ref: torch.Tensor, cu: list[int], tol: float) -> None:
+def assert_rows_close(out: torch.Tensor, ref: torch.Tensor, cu: list[int], tol: float) -> None:
     assert not out.isnan().any()
     for i in range(len(cu) - 1):
         if ref[cu[i]:cu[i + 1]].abs().sum() == 0:  # padding row
@@ -51,7 +51,7 @@ def _check_rows(out: torch.Tensor, ref: torch.Tensor, cu: list[int], tol: float)
 def test_decode_bf16(case):
     group, head_dim, block_size, _, splits, kv_heads = case
     c = make_decode_case(group, kv_heads, head_dim, block_size, BF16, seed=group + splits, device=DEV)
-    _check_rows(_decode(c, splits), _ref(c), c.cu_seqlens_q.tolist(), TOL)
+    assert_rows_close(_decode(c, splits), _ref(c), c.cu_seqlens_q.tolist(), TOL)
 
 
 @pytest.mark.parametrize("group,head_dim", [(2, 128), (4, 64), (8, 128)])
@@ -62,16 +62,16 @@ def test_decode_bf16_serving_shapes_all_split_counts(group, head_dim):
     ref = _ref(c)
     outs = [_decode(c, s) for s in (1, 2, 16)]
     for out in outs:
-        _check_rows(out, ref, c.cu_seqlens_q.tolist(), TOL)
+        assert_rows_close(out, ref, c.cu_seqlens_q.tolist(), TOL)
     # splits change where P is rounded to bf16, so they agree to bf16 rounding, not bitwise
     assert rel_err(outs[1], outs[0]) < 5e-3 and rel_err(outs[2], outs[0]) < 5e-3
 
 
 def test_decode_and_prefill_fp32_use_ieee_dots():
     c = make_decode_case(4, 2, 128, 16, torch.float32, seed=0, device=DEV)
-    _check_rows(_decode(c, 2), _ref(c), c.cu_seqlens_q.tolist(), 1e-5)
+    assert_rows_close(_decode(c, 2), _ref(c), c.cu_seqlens_q.tolist(), 1e-5)
     p = make_prefill_case(prefill_pairs(16), 2, 2, 64, 16, torch.float32, seed=0, device=DEV)
-    _check_rows(_prefill(p), _ref(p), p.cu_seqlens_q.tolist(), 1e-5)
+    assert_rows_close(_prefill(p), _ref(p), p.cu_seqlens_q.tolist(), 1e-5)
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=[case_id(c[:3] + (BF16,) + c[4:]) for c in PREFILL_CASES])
@@ -79,14 +79,14 @@ def test_prefill_bf16(case):
     group, head_dim, block_size, _, kv_heads = case
     c = make_prefill_case(prefill_pairs(block_size), group, kv_heads, head_dim, block_size, BF16, seed=group,
                           device=DEV)
-    _check_rows(_prefill(c), _ref(c), c.cu_seqlens_q.tolist(), TOL)
+    assert_rows_close(_prefill(c), _ref(c), c.cu_seqlens_q.tolist(), TOL)
 
 
 @pytest.mark.parametrize("group,head_dim", [(2, 128), (4, 64)])
 def test_prefill_bf16_long_prompts_and_chunks(group, head_dim):
     pairs = [(0, 1024), (700, 300), (3, 1), (0, 129), (2000, 1)]
     c = make_prefill_case(pairs, group, 8, head_dim, 16, BF16, seed=1, device=DEV)
-    _check_rows(_prefill(c), _ref(c), c.cu_seqlens_q.tolist(), TOL)
+    assert_rows_close(_prefill(c), _ref(c), c.cu_seqlens_q.tolist(), TOL)
 
 
 def test_kv_store_bf16_round_trip():

@@ -16,7 +16,7 @@ def _batch(pairs: list[tuple[int, int]], block_size: int, seed: int, pad_rows: i
     return make_engine_batch(pairs, HEADS, KV_HEADS, HEAD_DIM, block_size, seed, pad_rows)
 
 
-def _compare(backend: TritonAttentionBackend, batch: EngineBatch) -> None:
+def assert_backends_agree(backend: TritonAttentionBackend, batch: EngineBatch) -> None:
     q, k, v, k_cache, v_cache, meta = batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, batch.meta
     # The torch backend's batched decode reads whole blocks and masks scores, so it needs finite unused
     # slots; the Triton backend gets the NaN-poisoned cache and must never read those slots.
@@ -34,7 +34,7 @@ def test_mixed_prefill_and_decode_batch(block_size):
     backend = TritonAttentionBackend(HEADS, KV_HEADS, HEAD_DIM, max_num_seqs=8, device=DEVICE, dtype=torch.float32)
     # fresh prompt, chunk after a cached prefix, prefix-cache hit of whole blocks, two decode rows
     pairs = [(0, 9), (12, 7), (2 * block_size, 3), (5, 1), (33, 1)]
-    _compare(backend, _batch(pairs, block_size, seed=block_size))
+    assert_backends_agree(backend, _batch(pairs, block_size, seed=block_size))
 
 
 def test_decode_only_batch_with_graph_padding_rows(monkeypatch):
@@ -45,7 +45,7 @@ def test_decode_only_batch_with_graph_padding_rows(monkeypatch):
     assert backend.workspace.shape[0] >= 8 * backend.num_splits(8)
     batch = _batch([(0, 1), (16, 1), (40, 1)], 16, seed=1, pad_rows=2)
     assert batch.meta.is_decode_only
-    _compare(backend, batch)
+    assert_backends_agree(backend, batch)
 
 
 def test_backend_checks_its_arguments():
