@@ -208,14 +208,7 @@ class LLMEngine:
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
                 item.seq.request.timings.first_scheduled_time = now
-        inputs = self.runner.build_inputs(sched)
-        fill_dst, fill_src, end = [], [], 0
-        for item in sched.scheduled:  # a chunk ending on a token still being sampled takes it on the device
-            end += item.num_new_tokens
-            seq = item.seq
-            if item.samples and seq.token_ids[-1] == PLACEHOLDER:
-                fill_dst.append(end - 1)
-                fill_src.append(seq.pending_row)
+        inputs = self.runner.build_inputs(sched)  # placeholders in it are filled on the device (overlap)
         sampling: list[Sequence] = []
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
@@ -233,13 +226,9 @@ class LLMEngine:
             seq.token_ids.append(PLACEHOLDER)
             seq.pending_row = i
             positions.append(len(seq.token_ids) - 1)
-        dev = self.device
         task = StepTask(
-            inputs, sched.block_copies,
-            torch.tensor(fill_dst, device=dev) if fill_dst else None,
-            torch.tensor(fill_src, device=dev) if fill_dst else None,
-            self.in_flight.future if fill_dst else None,
-            torch.tensor(counts, device=dev) if len(rows) != len(sampling) else None, st)
+            inputs, sched.block_copies, self.in_flight.future if inputs.fill_dst is not None else None,
+            torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st)
         prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
         launched.schedule_s, launched.prepare_s = t1 - t0, prepare_s

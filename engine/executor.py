@@ -44,9 +44,7 @@ class LaunchedStep:
 class StepTask:
     inputs: StepInputs
     block_copies: list[tuple[int, int]]
-    fill_dst: torch.Tensor | None            # token indices of this step's inputs that are placeholders
-    fill_src: torch.Tensor | None            # rows of the previous step's sampled tokens that fill them
-    prev: Future | None
+    prev: Future | None                      # the previous step, whose sampled tokens fill the placeholders
     counts: torch.Tensor | None              # rows per sampled sequence (n > 1 forks repeat a row)
     sampling: SamplingTensors | None
 
@@ -74,8 +72,8 @@ class StepExecutor:
     def run(self, task: StepTask) -> StepResult:
         t0 = time.perf_counter()
         self.runner.copy_blocks(task.block_copies)
-        if task.fill_dst is not None:
-            task.inputs.input_ids[task.fill_dst] = self._previous_tokens(task)
+        if task.inputs.fill_dst is not None:
+            task.inputs.input_ids[task.inputs.fill_dst] = self._previous_tokens(task)
         logits = self.runner.forward(task.inputs)
         if self.sync_cuda:
             torch.cuda.synchronize()
@@ -98,8 +96,8 @@ class StepExecutor:
     def _previous_tokens(task: StepTask) -> torch.Tensor:
         if task.prev.exception() is not None:
             # The previous step failed and its sequences are being failed: their rows here are discarded.
-            return torch.zeros_like(task.fill_dst, dtype=torch.int32)
-        return task.prev.result().token_ids[task.fill_src].to(torch.int32)
+            return torch.zeros_like(task.inputs.fill_dst)
+        return task.prev.result().token_ids[task.inputs.fill_src].to(torch.int32)
 
     def shutdown(self) -> None:
         if self.pool is not None:

@@ -23,6 +23,10 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor     # rows of the hidden states whose next token is sampled
+    # Overlap: input tokens still being sampled by the previous step (placeholders, < 0) and the rows of that
+    # step's sampled-token tensor that fill them, on the device; None when there are none.
+    fill_dst: torch.Tensor | None = None
+    fill_src: torch.Tensor | None = None
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -72,7 +76,10 @@ class ModelRunner:
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
         sampling = np.fromiter((s.samples for s in items), bool, len(items))
         logits_indices = cu[1:][sampling] - 1
-        fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel())
+        fill_dst = np.flatnonzero(input_ids < 0)
+        fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
+        fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
+                  fill_dst, fill_src)
         host = torch.from_numpy(np.concatenate(fields).astype(np.int32))
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.pin else host.to(self.device)
         parts = dev.split([len(f) for f in fields])
@@ -80,7 +87,8 @@ class ModelRunner:
             slot_mapping=parts[2], block_tables=parts[6].view(len(items), width), seq_lens=parts[3],
             cu_seqlens_q=parts[4], max_seqlen_q=int(q_lens.max()), max_seqlen_k=int(seq_lens.max()),
             is_decode_only=bool((q_lens == 1).all()))
-        return StepInputs(parts[0], parts[1], meta, parts[5])
+        fills = (parts[7], parts[8]) if len(fill_dst) else (None, None)
+        return StepInputs(parts[0], parts[1], meta, parts[5], *fills)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""
