@@ -11,13 +11,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from server import chat, completions, tokenization
+from server import chat, completions, faults, tokenization
+from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine, LoopFactory
 from server.context import ServingContext, get_context
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.logprobs import TokenText
-from server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
+from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
 from server.metrics import CONTENT_TYPE, ServerMetrics
+from server.security import install_access_control
 
 
 def version() -> str:
@@ -31,13 +33,19 @@ def version() -> str:
 
 
 def create_app(engine: Any, *, served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               stream_interval: int = 1, loop_factory: LoopFactory | None = None) -> FastAPI:
-    """An app serving `engine` (already loaded); its engine thread runs while the app's lifespan does."""
+               stream_interval: int = 1, loop_factory: LoopFactory | None = None, max_queue_len: int | None = None,
+               request_timeout: float | None = None, api_key: str | None = None,
+               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False) -> FastAPI:
+    """An app serving `engine` (already loaded); its engine thread runs while the app's lifespan does.
+
+    max_queue_len: engine requests that may wait (None: 4 x max_num_seqs); request_timeout: seconds a request
+    may run (None: no limit); api_key: required as a Bearer token on every route but /health and /metrics;
+    allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     name = served_model_name or engine.model_name
     metrics = ServerMetrics(name, engine.max_model_len)
-    bridge = AsyncEngine(engine, metrics, loop_factory, stream_interval)
+    bridge = AsyncEngine(engine, metrics, loop_factory, stream_interval, max_queue_len, request_timeout)
     ctx = ServingContext(engine, bridge, metrics, name, TokenText(engine.tokenizer))
 
     @contextlib.asynccontextmanager
@@ -50,11 +58,15 @@ def create_app(engine: Any, *, served_model_name: str | None = None, max_body_by
 
     app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    install_access_control(app, api_key, allowed_origins)     # outermost: runs before the body is read
     install_error_handlers(app)
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
+    if fault_injection:
+        faults.install_fault_routes(app, engine)
+    install_openapi(app, api_key_required=bool(api_key))
     return app
 
 
@@ -64,27 +76,30 @@ def _model_card(ctx: ServingContext) -> dict[str, Any]:
 
 
 def _add_service_routes(app: FastAPI) -> None:
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def list_models(request: Request) -> dict[str, Any]:
         return {"object": "list", "data": [_model_card(get_context(request))]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=errors(404))
     async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
         ctx = get_context(request)
         if model != ctx.served_model_name:
             raise model_not_found(model)
         return _model_card(ctx)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={200: {"description": "The engine is running."},
+                                                            **errors(503)})
     async def health(request: Request) -> Response:
-        if get_context(request).async_engine.alive:
+        bridge = get_context(request).async_engine
+        if bridge.alive:
             return Response(status_code=200)
-        return error_response(503, "The engine is not running.")
+        return error_response(503, f"Not ready: {bridge.unavailable_reason}.")
 
-    @app.get("/version")
+    @app.get("/version", response_model=VersionResponse)
     async def get_version() -> dict[str, str]:
         return {"version": version()}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def metrics(request: Request) -> Response:
         return Response(get_context(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -10,13 +10,15 @@ import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from server.api_schema import ChatCompletionResponse, generation_responses
 from server.context import ServingContext, get_context, respond
 from server.generation import ChoiceDelta, GenerationStream
+from server.limits import StrictJSONRoute
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest, ChatMessage, usage_dict
 from server.sse import ChunkFormat, choice_events
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
@@ -31,7 +33,8 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prom
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             responses=generation_responses(ChatCompletionResponse))
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request) -> Response:
     arrival = time.monotonic()
     ctx = get_context(raw_request)

@@ -9,15 +9,9 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-import uvicorn
 
 from engine.config import EngineConfig
 from server.settings import ServeSettings, add_serve_arguments, resolve_settings
-
-if TYPE_CHECKING:
-    from server.async_engine import AsyncEngine
 
 logger = logging.getLogger("pagedserve")
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -67,7 +61,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from engine.engine import LLMEngine
+    from server import faults
     from server.app import create_app
+    from server.process import exit_now, run_server
 
     logger.info("loading model %s", config.model)
     try:
@@ -80,31 +76,24 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
     logger.info("model=%s served as %r device=%s dtype=%s attention=%s kv_blocks=%d (block size %d) "
                 "max_model_len=%d", engine.model_name, name, resolved.device, resolved.dtype,
                 resolved.attention_backend, engine.num_kv_blocks, resolved.block_size, engine.max_model_len)
-    app = create_app(engine, served_model_name=name, max_body_bytes=settings.max_body_bytes,
-                     stream_interval=settings.stream_interval)
-    logger.info("serving on http://%s:%d (OpenAI base URL http://%s:%d/v1)", settings.host, settings.port,
-                settings.host, settings.port)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            access_log=settings.access_log, timeout_graceful_shutdown=settings.shutdown_timeout)
-    _DrainingServer(config, app.state.ctx.async_engine).run()
-    return 0
-
-
-class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, whose SIGINT/SIGTERM shutdown first drains the engine: new requests are refused at
-    once, running ones get --shutdown-timeout seconds, then end with an error event (or a 503) just before
-    uvicorn would cut their connections. Then the app's lifespan stops the engine thread."""
-
-    _MARGIN_S = 0.5
-
-    def __init__(self, config: uvicorn.Config, bridge: "AsyncEngine") -> None:
-        super().__init__(config)
-        self.bridge = bridge
-
-    async def shutdown(self, sockets=None) -> None:
-        timeout = self.config.timeout_graceful_shutdown
-        self.bridge.drain(None if timeout is None else max(0.0, timeout - self._MARGIN_S))
-        await super().shutdown(sockets)
+    try:
+        app = create_app(engine, served_model_name=name, max_body_bytes=settings.max_body_bytes,
+                         stream_interval=settings.stream_interval, max_queue_len=settings.max_queue_len,
+                         request_timeout=settings.request_timeout, api_key=settings.api_key,
+                         allowed_origins=settings.allowed_origins, fault_injection=faults.enabled())
+    except ValueError as exc:
+        logger.error("invalid server settings: %s", exc)
+        return 2
+    bridge = app.state.ctx.async_engine
+    if not settings.api_key and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("listening on %s without --api-key: anyone who can reach this port can use the model",
+                       settings.host)
+    logger.info("serving on http://%s:%d (OpenAI base URL http://%s:%d/v1); queue up to %d waiting requests; "
+                "API key %s; CORS origins: %s", settings.host, settings.port, settings.host, settings.port,
+                bridge.admission.max_queue_len, "required" if settings.api_key else "not required",
+                ", ".join(settings.allowed_origins) or "none")
+    exit_now(run_server(app, settings.host, settings.port, drain_timeout=settings.drain_timeout,
+                        log_level=settings.log_level, access_log=settings.access_log))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,13 +10,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from server.api_schema import CompletionResponse, generation_responses
 from server.context import ServingContext, get_context, respond
 from server.generation import ChoiceDelta, GenerationStream
+from server.limits import StrictJSONRoute
 from server.logprobs import OffsetCounter, completion_logprobs
 from server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, usage_dict
 from server.sse import ChunkFormat, choice_events
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def tokenize_prompts(tokenizer: Any, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
@@ -35,7 +37,8 @@ def tokenize_prompts(tokenizer: Any, prompt: str | list) -> tuple[list[list[int]
     return [list(p) for p in prompts], [None] * len(prompts)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=CompletionResponse,
+             responses=generation_responses(CompletionResponse))
 async def create_completion(body: CompletionRequest, raw_request: Request) -> Response:
     arrival = time.monotonic()
     ctx = get_context(raw_request)

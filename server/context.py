@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.sampling_params import SamplingParams
+from server.admission import Overloaded
 from server.async_engine import AsyncEngine, EngineUnavailable
 from server.errors import APIError, ClientDisconnected, model_not_found
 from server.generation import GenerationError, GenerationStream
@@ -46,6 +47,10 @@ class ServingContext:
             return self.async_engine.generate(request_id, prompts, params, arrival_time)
         except EngineUnavailable as exc:
             raise APIError(503, f"The server cannot take requests now: {exc}.") from None
+        except Overloaded as exc:
+            # A real status before any byte of a stream: routers and SDKs act on it (the SDK retries).
+            raise APIError(429, str(exc), code="server_overloaded",
+                           headers={"Retry-After": str(exc.retry_after)}) from None
 
 
 class View(Protocol):
@@ -63,6 +68,10 @@ async def respond(request: Request, stream: GenerationStream, view: View, stream
         return Response(status_code=499)     # nobody is listening; the request was aborted
     except GenerationError as exc:
         raise APIError(exc.status, f"Generation failed: {exc}.") from None
+    if stream.expired == "timeout":
+        raise APIError(504, "The request ran longer than this server's --request-timeout and was aborted; "
+                            "lower max_tokens or n, or use stream=true to keep what was generated.",
+                       code="request_timeout")
     return JSONResponse(view.response(stream))
 
 

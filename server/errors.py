@@ -5,6 +5,7 @@ can cause answers 4xx in that shape, and internal failures answer 500 without a 
 """
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
 from typing import Any
@@ -23,8 +24,10 @@ _ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 _MAX_VALIDATION_ERRORS = 5
 
@@ -32,12 +35,14 @@ _MAX_VALIDATION_ERRORS = 5
 class APIError(Exception):
     """An error with an HTTP status; raised by handlers, rendered by `install_error_handlers`."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 class ClientDisconnected(Exception):
@@ -49,9 +54,17 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
+class ErrorJSONResponse(JSONResponse):
+    """ASCII-escaped JSON: a message quoting client input (a model name, a key) renders even when that
+    input holds characters UTF-8 cannot encode, such as a lone surrogate."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+    return ErrorJSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def model_not_found(name: str) -> APIError:
@@ -81,7 +94,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(ValueError)
     async def _value_error(_: Request, exc: ValueError) -> JSONResponse:

@@ -10,6 +10,7 @@ once for the first token, a finish or an error: bigger chunks, less per-chunk wo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -60,8 +61,15 @@ class EngineRequest:
     last_finish_reason: str = "stop"    # the request's outcome is that of its last sample to finish
 
 
-# Engine -> stream messages: (prompt_index, delta, deliver time), or a GenerationError when the engine died.
-QueueItem = tuple[int, RequestDelta, float] | GenerationError
+@dataclass(frozen=True)
+class Expired:
+    """Ends a stream now: its unfinished choices finish with "abort" (--request-timeout, end of a drain)."""
+    why: str        # "timeout" | "shutdown"
+
+
+# Engine -> stream messages: (prompt_index, delta, deliver time), a GenerationError when the engine died,
+# or Expired when the server ends the request.
+QueueItem = tuple[int, RequestDelta, float] | GenerationError | Expired
 AbortFn = Callable[[str, int | None, str], None]
 
 
@@ -85,6 +93,8 @@ class GenerationStream:
         self._abort = abort
         self._release = release
         self._closed = False
+        self.expired: str | None = None                   # Expired.why, once it ended the stream
+        self.deadline: asyncio.TimerHandle | None = None  # --request-timeout's timer, cancelled on close
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -109,7 +119,7 @@ class GenerationStream:
     def _wakes(self, item: QueueItem) -> bool:
         if self._interval <= 1 or not self._woken or len(self._inbox) >= self._interval:
             return True
-        if isinstance(item, GenerationError):
+        if isinstance(item, (GenerationError, Expired)):
             return True
         delta = item[1]
         return delta.finished or delta.error is not None or any(s.finish_reason for s in delta.seqs)
@@ -123,11 +133,23 @@ class GenerationStream:
                     await self._waiter
                 items, self._inbox = self._inbox, []
                 self._ready, self._woken = False, True
-                deltas = self._apply(items)
+                try:
+                    deltas = self._apply(items)
+                except GenerationError:
+                    self._record_failure()
+                    raise
                 if deltas:
                     yield deltas
         finally:
             self.close()
+
+    def _record_failure(self) -> None:
+        """The request failed: /metrics counts its unfinished parts as "error" (close() then aborts them in
+        the engine without counting them again)."""
+        now = time.monotonic()
+        for req in self.requests:
+            if not req.finished:
+                req.recorder.on_finish("error", None, len(req.prompt_token_ids), now)
 
     async def collect(self) -> None:
         """Runs to the end (non-streaming requests)."""
@@ -139,6 +161,8 @@ class GenerationStream:
         if self._closed:
             return
         self._closed = True
+        if self.deadline is not None:
+            self.deadline.cancel()
         for req in self.requests:
             self._release(req.request_id)
             if not req.finished:
@@ -151,6 +175,9 @@ class GenerationStream:
         for item in items:
             if isinstance(item, GenerationError):
                 raise item
+            if isinstance(item, Expired):
+                self._expire(item.why, merged)
+                continue
             prompt_index, delta, now = item
             req = self.requests[prompt_index]
             if req.finished:
@@ -219,6 +246,25 @@ class GenerationStream:
         req.finished = True
         self._release(req.request_id)
         req.recorder.on_finish(req.last_finish_reason, delta.timings, delta.num_prompt_tokens, now)
+
+    def _expire(self, why: str, merged: dict[int, ChoiceDelta]) -> None:
+        """Finishes every unfinished choice with "abort" (text held back for a possible stop string is
+        released, as at any finish) and tells the engine to stop."""
+        self.expired = why
+        n, now = self.params.n, time.monotonic()
+        for p, req in enumerate(self.requests):
+            if req.finished:
+                continue
+            for choice in self.choices[p * n:(p + 1) * n]:
+                if choice.finish_reason is None:
+                    text = choice.detok.flush()
+                    choice.text += text
+                    choice.finish_reason = "abort"
+                    _merge(merged, ChoiceDelta(choice.index, text, [], None, "abort"))
+            req.finished = True
+            self._release(req.request_id)
+            self._abort(req.request_id, None, "abort")
+            req.recorder.on_finish("abort", None, len(req.prompt_token_ids), now)
 
 
 def _merge(merged: dict[int, ChoiceDelta], d: ChoiceDelta) -> None:

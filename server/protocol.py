@@ -1,15 +1,19 @@
 """Pydantic models of the OpenAI requests (plus vLLM's extra sampling fields), and their SamplingParams.
 
 Unknown fields are ignored (clients send fields this server has no use for); every range check lives in
-SamplingParams so that the HTTP and offline paths refuse the same things with the same message.
+SamplingParams so that the HTTP and offline paths refuse the same things with the same message. The ranges
+are also written into the JSON schema (`_doc`, documentation only) so that /openapi.json tells clients and
+schema fuzzers the truth: whatever it rules out is refused. Numbers are strict: "0.5" is not a float.
 """
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS,
+                                    MAX_STOP_TOKEN_IDS, SamplingParams)
 
 # Completions' `logprobs` is 0..5 in the OpenAI API; chat's `top_logprobs` is 0..20.
 MAX_COMPLETION_LOGPROBS = 5
@@ -18,6 +22,13 @@ MAX_BATCH_PROMPTS = 256
 
 # OpenAI's defaults for the fields a model's generation_config.json may override.
 _OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+_TOKEN_ID_KEY = re.compile(r"[0-9]+")
+_STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_LEN}
+
+
+def _doc(default: Any, **schema: Any) -> Any:
+    """A field whose JSON schema states the bounds SamplingParams enforces (pydantic does not check them)."""
+    return Field(default, json_schema_extra=schema)
 
 
 class OpenAIModel(BaseModel):
@@ -31,24 +42,28 @@ class StreamOptions(OpenAIModel):
 class SamplingRequest(OpenAIModel):
     """The fields /v1/completions and /v1/chat/completions share."""
     model: str | None = None
-    n: StrictInt = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    n: StrictInt = _doc(1, minimum=1, maximum=MAX_N)
+    temperature: StrictFloat | None = _doc(None, minimum=0, maximum=100)
+    top_p: StrictFloat | None = _doc(None, exclusiveMinimum=0, maximum=1)
+    presence_penalty: StrictFloat | None = _doc(0.0, minimum=-2, maximum=2)
+    frequency_penalty: StrictFloat | None = _doc(0.0, minimum=-2, maximum=2)
+    logit_bias: dict[str, StrictFloat] | None = _doc(None, maxProperties=MAX_LOGIT_BIAS,
+                                                     propertyNames={"pattern": "^[0-9]+$"},
+                                                     additionalProperties={"minimum": -100, "maximum": 100})
+    seed: StrictInt | None = _doc(None, minimum=-(2**63), maximum=2**63 - 1)
+    stop: StrictStr | list[StrictStr] | None = _doc(None, anyOf=[
+        _STOP_STRING, {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": _STOP_STRING}, {"type": "null"}])
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM's extra sampling fields
-    top_k: StrictInt | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: StrictInt = 0
+    top_k: StrictInt | None = _doc(None, minimum=-1)
+    min_p: StrictFloat | None = _doc(None, minimum=0, maximum=1)
+    repetition_penalty: StrictFloat | None = _doc(None, exclusiveMinimum=0, maximum=100)
+    min_tokens: StrictInt = _doc(0, minimum=0)
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[StrictInt] | None = _doc(None, maxItems=MAX_STOP_TOKEN_IDS, items={"type": "integer",
+                                                                                         "minimum": 0})
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
 
@@ -79,19 +94,18 @@ class SamplingRequest(OpenAIModel):
 def _parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
-    try:
-        return {int(k): v for k, v in bias.items()}
-    except ValueError:
-        raise ValueError("logit_bias keys must be token ids written as strings, e.g. {\"50256\": -100}.") from None
+    if not all(_TOKEN_ID_KEY.fullmatch(k) for k in bias):
+        raise ValueError("logit_bias keys must be token ids written as strings, e.g. {\"50256\": -100}.")
+    return {int(k): v for k, v in bias.items()}
 
 
 class CompletionRequest(SamplingRequest):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = 16
+    max_tokens: StrictInt | None = _doc(16, minimum=1)
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = _doc(None, minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
     best_of: StrictInt | None = None
-    suffix: str | None = None
+    suffix: str | None = _doc(None, maxLength=0)
 
     def validate_request(self) -> None:
         self.check_stream_options()
@@ -111,7 +125,7 @@ class ContentPart(OpenAIModel):
 class ChatMessage(BaseModel):
     # Extra keys (name, tool_calls, tool_call_id, ...) are kept: chat templates may render them.
     model_config = ConfigDict(extra="allow")
-    role: StrictStr
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]     # OpenAI's roles
     content: StrictStr | list[ContentPart] | None = None
 
     def for_template(self) -> dict[str, Any]:
@@ -131,15 +145,15 @@ def _join_text_parts(parts: list[ContentPart]) -> str:
 
 
 class ResponseFormat(OpenAIModel):
-    type: str = "text"
+    type: str = _doc("text", enum=["text"])
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: StrictInt | None = _doc(None, minimum=1)
+    max_completion_tokens: StrictInt | None = _doc(None, minimum=1)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = _doc(None, minimum=0, maximum=MAX_CHAT_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool = True
 
@@ -150,6 +164,10 @@ class ChatCompletionRequest(SamplingRequest):
                 raise ValueError("top_logprobs requires logprobs to be true.")
             if not 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS:
                 raise ValueError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}.")
+        for name in ("max_tokens", "max_completion_tokens"):    # both checked, though one is used
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
         if self.response_format is not None and self.response_format.type != "text":
             raise ValueError(f"response_format type {self.response_format.type!r} is not supported; use 'text'.")
 
@@ -174,7 +192,7 @@ class TokenizeRequest(OpenAIModel):
 
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
-    tokens: list[StrictInt]
+    tokens: list[StrictInt] = _doc(..., items={"type": "integer", "minimum": 0})
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

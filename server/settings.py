@@ -18,6 +18,7 @@ import yaml
 
 from engine.config import ATTENTION_BACKENDS, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
+from server.security import parse_origins
 
 ENV_PREFIX = "PAGEDSERVE_"
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -40,8 +41,36 @@ def _positive_int(value: object) -> int:
     return number
 
 
+def _is_unset(value: object) -> bool:
+    return value is None or str(value).strip().lower() in ("", "none", "auto")
+
+
 def _optional_int(value: object) -> int | None:
-    return None if value is None or str(value).strip().lower() in ("", "none", "auto") else int(value)
+    return None if _is_unset(value) else int(value)
+
+
+def _optional_positive_int(value: object) -> int | None:
+    return None if _is_unset(value) else _positive_int(value)
+
+
+def _optional_positive_float(value: object) -> float | None:
+    if _is_unset(value):
+        return None
+    number = float(value)
+    if not number > 0:      # also refuses NaN
+        raise ValueError("must be a number of seconds > 0")
+    return number
+
+
+def _non_negative_float(value: object) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError("must be a number of seconds >= 0")
+    return number
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None or str(value) == "" else str(value)
 
 
 @dataclass(frozen=True)
@@ -83,10 +112,19 @@ OPTIONS: tuple[Option, ...] = (
     _engine("attention_backend", str, "Attention implementation.", ATTENTION_BACKENDS),
     _engine("enable_prefix_caching", parse_bool, "Reuse KV blocks of identical prompt prefixes."),
     _engine("seed", int, "Seed of the engine's random generator (unseeded requests)."),
-    Option("max_body_bytes", int, DEFAULT_MAX_BODY_BYTES, "Largest request body accepted (bigger: HTTP 413)."),
+    Option("max_body_bytes", _positive_int, DEFAULT_MAX_BODY_BYTES, "Largest request body accepted (bigger: HTTP 413)."),
     Option("stream_interval", _positive_int, 1, "Engine steps per streamed chunk (first token and finish are never held "
                                       "back); above 1 trades smoothness for throughput."),
-    Option("shutdown_timeout", float, 5.0, "Seconds in-flight requests may take to finish after SIGTERM."),
+    Option("max_queue_len", _optional_positive_int, None, "Engine requests that may wait for a batch slot; beyond "
+           "that, new requests get HTTP 429 with Retry-After (default: 4 x --max-num-seqs)."),
+    Option("request_timeout", _optional_positive_float, None, "Seconds a request may run; then it is aborted "
+           "(HTTP 504, or a stream ends with finish_reason abort). Default: no limit."),
+    Option("drain_timeout", _non_negative_float, 5.0, "Seconds in-flight requests may take to finish after "
+           "SIGTERM/SIGINT; those still running then end with finish_reason abort."),
+    Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` on every route but /health and "
+           "/metrics. Prefer the environment variable: command lines are visible to other users."),
+    Option("allowed_origins", parse_origins, (), "Comma-separated browser origins CORS allows (e.g. "
+           "https://app.example.com, or *). Default: none."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )

@@ -5,14 +5,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from server.api_schema import DetokenizeResponse, TokenizeResponse, errors
 from server.chat import render_chat
 from server.context import get_context
+from server.limits import StrictJSONRoute
 from server.protocol import DetokenizeRequest, TokenizeRequest
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", response_model=TokenizeResponse, responses=errors(400, 404, 413))
 async def tokenize(body: TokenizeRequest, raw_request: Request) -> dict[str, Any]:
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
@@ -26,7 +28,7 @@ async def tokenize(body: TokenizeRequest, raw_request: Request) -> dict[str, Any
     return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens, "token_strs": strs}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=errors(400, 404, 413))
 async def detokenize(body: DetokenizeRequest, raw_request: Request) -> dict[str, str]:
     ctx = get_context(raw_request)
     ctx.check_model(body.model)

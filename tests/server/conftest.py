@@ -23,15 +23,22 @@ def pick_stop(text: str, start: int = 6, length: int = 3) -> str:
     raise AssertionError(f"no usable stop string in {text!r}")
 
 
+_CHECKPOINT: list[Path] = []
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.tiny_model import build_checkpoint
-    return build_checkpoint(tmp_path_factory.mktemp("server-ckpt") / "llama", "llama", seed=0)
+    """Built once per session, also for tests/reliability (whose conftest re-exports this fixture)."""
+    if not _CHECKPOINT:
+        from engine.tiny_model import build_checkpoint
+        _CHECKPOINT.append(build_checkpoint(tmp_path_factory.mktemp("server-ckpt") / "llama", "llama", seed=0))
+    return _CHECKPOINT[0]
 
 
-def start_server(checkpoint: Path, *extra: str) -> ServerProcess:
+def start_server(checkpoint: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """Later flags in `extra` override the defaults here."""
     return ServerProcess("--model", str(checkpoint), "--served-model-name", MODEL_NAME, "--device", "cpu",
-                         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "32", *extra).wait_ready()
+                         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "32", *extra, env=env).wait_ready()
 
 
 @pytest.fixture(scope="module")

@@ -3,78 +3,20 @@ strings across tokens and n > 1, and an engine thread that dies mid-request. In-
 from __future__ import annotations
 
 import json
-import queue
 import threading
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from transformers import AutoTokenizer
 
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
-from server.app import create_app
+from tests.server.fakes import ScriptedLoop, scripted_client
 from tests.server.sse import parse_sse
 
 
-class FakeEngine:
-    """The LLMEngine surface the server uses, without a model."""
-
-    def __init__(self) -> None:
-        from engine.tiny_model import ensure_tokenizer
-        self.tokenizer = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
-        self.model_name = "scripted"
-        self.max_model_len = 64
-        self.vocab_size = len(self.tokenizer)
-        self.default_sampling: dict = {}
-
-    def check_request(self, prompt_token_ids: list[int], params) -> None:
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-
-
-class ScriptedLoop:
-    """Stands in for EngineLoop: records what the front end asks for; the test delivers the steps."""
-
-    def __init__(self, engine: FakeEngine, deliver) -> None:
-        self.engine, self.deliver = engine, deliver
-        self.added: queue.Queue = queue.Queue()
-        self.aborts: list[tuple] = []
-        self.error: BaseException | None = None
-        self._alive = False
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    def start(self) -> None:
-        self._alive = True
-
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None) -> None:
-        self.engine.check_request(prompt_token_ids, params)
-        self.added.put((request_id, prompt_token_ids, params, arrival_time))
-
-    def abort(self, request_id, seq_index=None, finish_reason="abort") -> None:
-        self.aborts.append((request_id, seq_index, finish_reason))
-
-    def shutdown(self, timeout=None) -> None:
-        self._alive = False
-
-    def die(self) -> None:
-        self.error = RuntimeError("simulated engine crash")
-        self._alive = False
-
-
 @pytest.fixture
-def setup() -> Iterator[tuple[TestClient, list]]:
-    loops: list[ScriptedLoop] = []
-
-    def factory(engine, deliver):
-        loops.append(ScriptedLoop(engine, deliver))
-        return loops[0]
-
-    app = create_app(FakeEngine(), loop_factory=factory)
-    with TestClient(app) as client:
-        yield client, loops
+def setup() -> Iterator[tuple[TestClient, list[ScriptedLoop]]]:
+    yield from scripted_client()
 
 
 def _play(loop: ScriptedLoop, steps: list[dict[int, tuple[str, str | None]]]) -> threading.Thread:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.server.bad_inputs import BAD_CHATS, BAD_COMPLETIONS, BAD_RAW_BODIES, BAD_UTILITY
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, start_server
 from tests.server.openapi import assert_valid
 
@@ -29,54 +30,25 @@ def check_error(response: httpx.Response, status: int) -> dict:
     return body["error"]
 
 
-BAD_COMPLETIONS = {
-    "temperature is a string": {"temperature": "hot"},
-    "temperature below 0": {"temperature": -0.5},
-    "top_p above 1": {"top_p": 1.5},
-    "n is 0": {"n": 0},
-    "n too large": {"n": 1000},
-    "max_tokens is 0": {"max_tokens": 0},
-    "max_tokens negative": {"max_tokens": -3},
-    "max_tokens is a float": {"max_tokens": 2.5},
-    "empty prompt": {"prompt": ""},
-    "empty prompt list": {"prompt": []},
-    "empty token prompt": {"prompt": [[]]},
-    "token id out of vocabulary": {"prompt": [10_000_000]},
-    "echo of a token id out of vocabulary": {"prompt": [10_000_000], "echo": True},
-    "negative token id": {"prompt": [-1]},
-    "prompt of the wrong type": {"prompt": {"text": "hi"}},
-    "logprobs above 5": {"logprobs": 6},
-    "stream_options without stream": {"stream_options": {"include_usage": True}},
-    "logit_bias key not a token id": {"logit_bias": {"abc": 1}},
-    "logit_bias value out of range": {"logit_bias": {"5": 500}},
-    "seed beyond int64": {"seed": 2**64},
-    "too many stop strings": {"stop": [f"s{i}" for i in range(40)]},
-    "stop of the wrong type": {"stop": 5},
-    "presence_penalty out of range": {"presence_penalty": 3.0},
-    "best_of other than n": {"best_of": 3},
-    "min_tokens above max_tokens": {"min_tokens": 5},
-    "stop_token_ids out of vocabulary": {"stop_token_ids": [10_000_000]},
-}
+def check_still_serving(http: httpx.Client) -> None:
+    """After a bad request the engine must be alive: a normal request completes."""
+    response = http.post("/v1/completions", json={**OK_COMPLETION, "ignore_eos": True})
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
 
-BAD_CHATS = {
-    "no messages": {"messages": []},
-    "messages missing": {"messages": None},
-    "message without role": {"messages": [{"content": "hi"}]},
-    "top_logprobs without logprobs": {"top_logprobs": 2},
-    "top_logprobs above 20": {"logprobs": True, "top_logprobs": 21},
-    "image content": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-    "json response_format": {"response_format": {"type": "json_object"}},
-}
+
+def test_the_table_is_big_enough() -> None:
+    assert len(BAD_COMPLETIONS) + len(BAD_CHATS) + len(BAD_RAW_BODIES) + len(BAD_UTILITY) >= 40
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("case", list(BAD_COMPLETIONS))
 def test_bad_completion_requests(http: httpx.Client, case: str, stream: bool) -> None:
-    body = {**OK_COMPLETION, **BAD_COMPLETIONS[case], "stream": stream}
+    body = {**OK_COMPLETION, "stream": stream, **BAD_COMPLETIONS[case]}
     if case == "stream_options without stream":
         body["stream"] = False
     error = check_error(http.post("/v1/completions", json=body), 400)   # plain JSON, even for stream=true
     assert error["type"] == "invalid_request_error"
+    check_still_serving(http)
 
 
 @pytest.mark.parametrize("case", list(BAD_CHATS))
@@ -84,6 +56,22 @@ def test_bad_chat_requests(http: httpx.Client, case: str) -> None:
     body = {k: v for k, v in {**OK_CHAT, **BAD_CHATS[case]}.items() if v is not None}
     error = check_error(http.post("/v1/chat/completions", json=body), 400)
     assert error["type"] == "invalid_request_error"
+    check_still_serving(http)
+
+
+@pytest.mark.parametrize("case", list(BAD_RAW_BODIES))
+def test_bad_raw_bodies(http: httpx.Client, case: str) -> None:
+    path, raw = BAD_RAW_BODIES[case]
+    error = check_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400)
+    assert "Traceback" not in error["message"] and len(error["message"]) < 500
+    check_still_serving(http)
+
+
+@pytest.mark.parametrize("case", list(BAD_UTILITY))
+def test_bad_tokenize_requests(http: httpx.Client, case: str) -> None:
+    path, body = BAD_UTILITY[case]
+    check_error(http.post(path, json=body), 400)
+    check_still_serving(http)
 
 
 def test_context_length_error_states_both_numbers(http: httpx.Client) -> None:
@@ -108,6 +96,10 @@ def test_unknown_model_route_and_method(http: httpx.Client) -> None:
     check_error(http.post("/v1/chat/completions", json={**OK_CHAT, "model": "gpt-17"}), 404)
     check_error(http.get("/v1/no-such-route"), 404)
     check_error(http.get("/v1/completions"), 405)
+    check_error(http.post("/tokenize", json={"model": "gpt-17", "prompt": "hi"}), 404)
+    # The fault-injection routes exist only when PAGEDSERVE_ENABLE_FAULT_INJECTION=1 at startup.
+    check_error(http.post("/_fault/kill"), 404)
+    assert http.get("/health").status_code == 200
 
 
 def test_body_too_large(http: httpx.Client) -> None:
@@ -121,6 +113,13 @@ def test_body_too_large(http: httpx.Client) -> None:
         yield b'"}'
     chunked = http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
     assert str(BODY_LIMIT) in check_error(chunked, 413)["message"]
+
+
+def test_oversized_headers(http: httpx.Client) -> None:
+    """uvicorn reads even a 1 MB header; the server refuses such requests (431) and goes on."""
+    for headers in ({"X-Big": "a" * 1_000_000}, {f"X-H{i}": "1" for i in range(300)}):
+        check_error(http.post("/v1/completions", json=OK_COMPLETION, headers=headers), 431)
+    check_still_serving(http)
 
 
 def test_unknown_fields_are_ignored_and_model_may_be_omitted(http: httpx.Client) -> None:

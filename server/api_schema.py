@@ -1,0 +1,185 @@
+"""The OpenAPI document (/openapi.json) as the server really behaves: what each route answers, with which
+status codes, in which shape. Schema fuzzers (schemathesis) and generated clients take it at its word.
+
+Routes build their bodies as dicts for speed; the models below document those bodies (FastAPI does not
+re-validate a Response a route returns). FastAPI's default 422 entries are replaced by what the error
+handlers really send: 400 and the OpenAI error envelope.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from server.security import PUBLIC_PATHS
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+    refusal: None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: None = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
+
+
+_WHY = {
+    400: "Invalid request (wrong type, value out of range, context too long, malformed JSON).",
+    404: "Unknown model.",
+    413: "The body is larger than --max-body-bytes.",
+    429: "The waiting queue is full (--max-queue-len); retry after the Retry-After header's seconds.",
+    500: "Generation failed inside the engine.",
+    503: "The engine is not running: the server is shutting down, or its engine stopped.",
+    504: "The request ran longer than --request-timeout.",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for error statuses, all in the OpenAI error envelope."""
+    out: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse, "description": _WHY[code]} for code in codes}
+    if 429 in codes:
+        out[429]["headers"] = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
+    return out
+
+
+# One server-sent event (OpenAPI 3.1 has a text/event-stream `schema` describe each event, not the stream).
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
+    "type": "string", "description": "A JSON chunk, an in-band error {\"error\": {...}}, or [DONE] (the last event)."}}}
+
+
+def generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """A JSON body, or with stream=true server-sent events: `data: {chunk}` lines, then `data: [DONE]`."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": SSE_EVENT}}},
+            **errors(400, 404, 413, 429, 500, 503, 504)}
+
+
+def install_openapi(app: FastAPI, api_key_required: bool) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _build(app, api_key_required)
+        return app.openapi_schema
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _build(app: FastAPI, api_key_required: bool) -> dict[str, Any]:
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}   # every app has routes that use it
+    if api_key_required:
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation["responses"]
+            responses.pop("422", None)
+            if api_key_required and path not in PUBLIC_PATHS:
+                operation["security"] = [{"bearer": []}]
+                responses["401"] = {"description": "Missing or wrong API key.",
+                                    "content": {"application/json": {"schema": error_ref}}}
+    return schema
