@@ -22,7 +22,7 @@ def server(tiny_checkpoint) -> Iterator:
     proc.stop()
 
 
-def check_error(response: httpx.Response, status: int) -> dict:
+def assert_error(response: httpx.Response, status: int) -> dict:
     assert response.status_code == status, response.text
     body = response.json()
     assert_valid(body, "ErrorResponse")
@@ -30,7 +30,7 @@ def check_error(response: httpx.Response, status: int) -> dict:
     return body["error"]
 
 
-def check_still_serving(http: httpx.Client) -> None:
+def assert_still_serving(http: httpx.Client) -> None:
     """After a bad request the engine must be alive: a normal request completes."""
     response = http.post("/v1/completions", json={**OK_COMPLETION, "ignore_eos": True})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
@@ -46,65 +46,65 @@ def test_bad_completion_requests(http: httpx.Client, case: str, stream: bool) ->
     body = {**OK_COMPLETION, "stream": stream, **BAD_COMPLETIONS[case]}
     if case == "stream_options without stream":
         body["stream"] = False
-    error = check_error(http.post("/v1/completions", json=body), 400)   # plain JSON, even for stream=true
+    error = assert_error(http.post("/v1/completions", json=body), 400)   # plain JSON, even for stream=true
     assert error["type"] == "invalid_request_error"
-    check_still_serving(http)
+    assert_still_serving(http)
 
 
 @pytest.mark.parametrize("case", list(BAD_CHATS))
 def test_bad_chat_requests(http: httpx.Client, case: str) -> None:
     body = {k: v for k, v in {**OK_CHAT, **BAD_CHATS[case]}.items() if v is not None}
-    error = check_error(http.post("/v1/chat/completions", json=body), 400)
+    error = assert_error(http.post("/v1/chat/completions", json=body), 400)
     assert error["type"] == "invalid_request_error"
-    check_still_serving(http)
+    assert_still_serving(http)
 
 
 @pytest.mark.parametrize("case", list(BAD_RAW_BODIES))
 def test_bad_raw_bodies(http: httpx.Client, case: str) -> None:
     path, raw = BAD_RAW_BODIES[case]
-    error = check_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400)
+    error = assert_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400)
     assert "Traceback" not in error["message"] and len(error["message"]) < 500
-    check_still_serving(http)
+    assert_still_serving(http)
 
 
 @pytest.mark.parametrize("case", list(BAD_UTILITY))
 def test_bad_tokenize_requests(http: httpx.Client, case: str) -> None:
     path, body = BAD_UTILITY[case]
-    check_error(http.post(path, json=body), 400)
-    check_still_serving(http)
+    assert_error(http.post(path, json=body), 400)
+    assert_still_serving(http)
 
 
 def test_context_length_error_states_both_numbers(http: httpx.Client) -> None:
     prompt = [5] * 100
-    error = check_error(http.post("/v1/completions", json={**OK_COMPLETION, "prompt": prompt, "max_tokens": 200}), 400)
+    error = assert_error(http.post("/v1/completions", json={**OK_COMPLETION, "prompt": prompt, "max_tokens": 200}), 400)
     assert str(MAX_MODEL_LEN) in error["message"] and "300" in error["message"]
     too_long = [5] * MAX_MODEL_LEN
-    check_error(http.post("/v1/completions", json={**OK_COMPLETION, "prompt": too_long, "max_tokens": 1}), 400)
+    assert_error(http.post("/v1/completions", json={**OK_COMPLETION, "prompt": too_long, "max_tokens": 1}), 400)
 
 
 def test_malformed_bodies(http: httpx.Client) -> None:
-    check_error(http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
-    check_error(http.post("/v1/completions", json=[1, 2, 3]), 400)
-    check_error(http.post("/v1/completions", json={"model": MODEL_NAME}), 400)   # no prompt
+    assert_error(http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    assert_error(http.post("/v1/completions", json=[1, 2, 3]), 400)
+    assert_error(http.post("/v1/completions", json={"model": MODEL_NAME}), 400)   # no prompt
     response = http.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
     assert 400 <= response.status_code < 500
 
 
 def test_unknown_model_route_and_method(http: httpx.Client) -> None:
-    error = check_error(http.post("/v1/completions", json={**OK_COMPLETION, "model": "gpt-17"}), 404)
+    error = assert_error(http.post("/v1/completions", json={**OK_COMPLETION, "model": "gpt-17"}), 404)
     assert error["param"] == "model" and "gpt-17" in error["message"]
-    check_error(http.post("/v1/chat/completions", json={**OK_CHAT, "model": "gpt-17"}), 404)
-    check_error(http.get("/v1/no-such-route"), 404)
-    check_error(http.get("/v1/completions"), 405)
-    check_error(http.post("/tokenize", json={"model": "gpt-17", "prompt": "hi"}), 404)
+    assert_error(http.post("/v1/chat/completions", json={**OK_CHAT, "model": "gpt-17"}), 404)
+    assert_error(http.get("/v1/no-such-route"), 404)
+    assert_error(http.get("/v1/completions"), 405)
+    assert_error(http.post("/tokenize", json={"model": "gpt-17", "prompt": "hi"}), 404)
     # The fault-injection routes exist only when PAGEDSERVE_ENABLE_FAULT_INJECTION=1 at startup.
-    check_error(http.post("/_fault/kill"), 404)
+    assert_error(http.post("/_fault/kill"), 404)
     assert http.get("/health").status_code == 200
 
 
 def test_body_too_large(http: httpx.Client) -> None:
     big = {**OK_COMPLETION, "prompt": "x" * (BODY_LIMIT + 10)}
-    assert str(BODY_LIMIT) in check_error(http.post("/v1/completions", json=big), 413)["message"]
+    assert str(BODY_LIMIT) in assert_error(http.post("/v1/completions", json=big), 413)["message"]
 
     def chunks():   # no Content-Length: the limit is enforced while reading
         yield b'{"prompt": "'
@@ -112,14 +112,14 @@ def test_body_too_large(http: httpx.Client) -> None:
             yield b"y" * 1024
         yield b'"}'
     chunked = http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
-    assert str(BODY_LIMIT) in check_error(chunked, 413)["message"]
+    assert str(BODY_LIMIT) in assert_error(chunked, 413)["message"]
 
 
 def test_oversized_headers(http: httpx.Client) -> None:
     """uvicorn reads even a 1 MB header; the server refuses such requests (431) and goes on."""
     for headers in ({"X-Big": "a" * 1_000_000}, {f"X-H{i}": "1" for i in range(300)}):
-        check_error(http.post("/v1/completions", json=OK_COMPLETION, headers=headers), 431)
-    check_still_serving(http)
+        assert_error(http.post("/v1/completions", json=OK_COMPLETION, headers=headers), 431)
+    assert_still_serving(http)
 
 
 def test_unknown_fields_are_ignored_and_model_may_be_omitted(http: httpx.Client) -> None:
@@ -133,7 +133,7 @@ def test_unknown_fields_are_ignored_and_model_may_be_omitted(http: httpx.Client)
 
 def test_server_still_serves_after_errors(http: httpx.Client) -> None:
     for _ in range(3):
-        check_error(http.post("/v1/completions", json={**OK_COMPLETION, "n": -1}), 400)
+        assert_error(http.post("/v1/completions", json={**OK_COMPLETION, "n": -1}), 400)
     response = http.post("/v1/completions", json={**OK_COMPLETION, "ignore_eos": True})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
     assert http.get("/health").status_code == 200
