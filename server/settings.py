@@ -109,6 +109,7 @@ OPTIONS: tuple[Option, ...] = (
                                             "from max-num-seqs x max-model-len)."),
     _engine("gpu_memory_utilization", float, "Fraction of GPU memory the engine may use (weights + KV cache)."),
     _engine("enforce_eager", parse_bool, "Never capture or replay CUDA graphs."),
+    _engine("async_scheduling", parse_bool, "Prepare step N+1 while step N runs (default: on for CUDA, off on CPU)."),
     _engine("attention_backend", str, "Attention implementation.", ATTENTION_BACKENDS),
     _engine("enable_prefix_caching", parse_bool, "Reuse KV blocks of identical prompt prefixes."),
     _engine("seed", int, "Seed of the engine's random generator (unseeded requests)."),
