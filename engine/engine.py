@@ -54,7 +54,8 @@ class LLMEngine:
         model_cfg = loader.load_model_config(Path(model_dir))
         self.max_model_len = self._max_model_len(model_cfg)
         hd = model_cfg.head_dim
-        if config.attention_backend == "auto" and cfg.attention_backend == "triton" and (hd & (hd - 1) or not 16 <= hd <= 256):
+        triton_fits = hd & (hd - 1) == 0 and 16 <= hd <= 256
+        if config.attention_backend == "auto" and cfg.attention_backend == "triton" and not triton_fits:
             log.warning("head_dim %d is not supported by the Triton kernels; using the torch backend", hd)
             self.config = cfg = replace(cfg, attention_backend="torch")
         loaded = loader.load(model_dir, cfg.torch_dtype, self.device, self.max_model_len)

@@ -42,7 +42,8 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        params = (sampling_params if isinstance(sampling_params, list)
+                  else [sampling_params or SamplingParams()] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
         token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
