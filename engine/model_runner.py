@@ -107,6 +107,3 @@ class ModelRunner:
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.compute_logits(hidden[inputs.logits_indices])
-
-    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
-        return self.forward(self.prepare(sched))
