@@ -29,9 +29,9 @@ class Request:
     params: SamplingParams
     max_tokens: int                    # params.max_tokens resolved against max_model_len
     timings: RequestTimings = field(default_factory=lambda: RequestTimings(time.monotonic()))
-    seqs: list["Sequence"] = field(default_factory=list)
+    seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
-    grammar: "PendingGrammar | None" = None   # set while its structured-output grammar compiles
+    grammar: PendingGrammar | None = None   # set while its structured-output grammar compiles
 
     @property
     def finished(self) -> bool:
@@ -57,7 +57,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] | None = None
-    matcher: "SeqMatcher | None" = None  # its grammar's state (constrained requests only)
+    matcher: SeqMatcher | None = None  # its grammar's state (constrained requests only)
 
     @property
     def num_tokens(self) -> int:

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from server import chat, completions, faults, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine, LoopFactory
+from server.chat_plan import ChatOptions
 from server.context import ServingContext, get_context
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.logprobs import TokenText
@@ -35,7 +36,8 @@ def version() -> str:
 def create_app(engine: Any, *, served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                stream_interval: int = 1, loop_factory: LoopFactory | None = None, max_queue_len: int | None = None,
                request_timeout: float | None = None, api_key: str | None = None,
-               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False) -> FastAPI:
+               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
+               chat_options: ChatOptions | None = None) -> FastAPI:
     """An app serving `engine` (already loaded); its engine thread runs while the app's lifespan does.
 
     max_queue_len: engine requests that may wait (None: 4 x max_num_seqs); request_timeout: seconds a request
@@ -43,10 +45,13 @@ def create_app(engine: Any, *, served_model_name: str | None = None, max_body_by
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
+    chat_options = chat_options or ChatOptions()
+    if chat_options.enable_auto_tool_choice and chat_options.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json).")
     name = served_model_name or engine.model_name
     metrics = ServerMetrics(name, engine.max_model_len)
     bridge = AsyncEngine(engine, metrics, loop_factory, stream_interval, max_queue_len, request_timeout)
-    ctx = ServingContext(engine, bridge, metrics, name, TokenText(engine.tokenizer))
+    ctx = ServingContext(engine, bridge, metrics, name, TokenText(engine.tokenizer), options=chat_options)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -59,6 +59,11 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(settings, config)
 
 
+def chat_options(settings: ServeSettings):
+    from server.chat_plan import ChatOptions
+    return ChatOptions(settings.enable_auto_tool_choice, settings.tool_call_parser, settings.reasoning_parser)
+
+
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from engine.engine import LLMEngine
     from server import faults
@@ -80,7 +85,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
         app = create_app(engine, served_model_name=name, max_body_bytes=settings.max_body_bytes,
                          stream_interval=settings.stream_interval, max_queue_len=settings.max_queue_len,
                          request_timeout=settings.request_timeout, api_key=settings.api_key,
-                         allowed_origins=settings.allowed_origins, fault_injection=faults.enabled())
+                         allowed_origins=settings.allowed_origins, fault_injection=faults.enabled(),
+                         chat_options=chat_options(settings))
     except ValueError as exc:
         logger.error("invalid server settings: %s", exc)
         return 2

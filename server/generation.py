@@ -124,6 +124,19 @@ class GenerationStream:
         delta = item[1]
         return delta.finished or delta.error is not None or any(s.finish_reason for s in delta.seqs)
 
+    async def first_news(self) -> GenerationError | None:
+        """Waits for the engine's first word on this stream without consuming it; returns the error it
+        reports when the request was refused there (e.g. a grammar that failed to compile)."""
+        if not self._inbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item = self._inbox[0]
+        if isinstance(item, GenerationError):
+            return item
+        if isinstance(item, tuple) and item[1].error is not None:
+            return GenerationError(item[1].error, item[1].error_status)
+        return None
+
     async def updates(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
@@ -183,7 +196,7 @@ class GenerationStream:
             if req.finished:
                 continue    # tokens still in flight after we stopped every sample ourselves
             if delta.error is not None:
-                raise GenerationError(delta.error)
+                raise GenerationError(delta.error, delta.error_status)
             num_new, any_finished = 0, delta.finished
             for seq in delta.seqs:
                 choice_delta = self._apply_seq(prompt_index, seq, request_done=delta.finished)

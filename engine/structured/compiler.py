@@ -51,7 +51,7 @@ class GrammarCache:
     _compiler: xg.GrammarCompiler | None = None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer, vocab_size: int, stop_token_ids: list[int], **kwargs) -> "GrammarCache":
+    def for_tokenizer(cls, tokenizer, vocab_size: int, stop_token_ids: list[int], **kwargs) -> GrammarCache:
         info = xg.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         return cls(info, **kwargs)
 

@@ -54,7 +54,7 @@ def parse_schema(text: str) -> dict | bool:
 def check_schema(schema: object) -> None:
     """A JSON Schema (draft 2020-12) or ValueError naming what is wrong."""
     if not isinstance(schema, (dict, bool)):
-        raise ValueError("a JSON schema must be an object (or a boolean).")
+        raise ValueError("a JSON schema must be an object (or a boolean).")  # noqa: TRY004 (a user error: 400)
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -26,7 +26,7 @@ class SeqMatcher:
     def active(self) -> bool:
         return self.enable_after is None
 
-    def fork(self) -> "SeqMatcher":
+    def fork(self) -> SeqMatcher:
         return SeqMatcher(self.matcher.fork(), self.enable_after, list(self._tail or []))
 
     def accept(self, token: int) -> bool:
