@@ -75,6 +75,8 @@ class LLM:
         return state
 
     def _apply(self, state: _RequestState, delta: RequestDelta) -> None:
+        if delta.error is not None and delta.error_status < 500:   # e.g. its grammar took too long to compile
+            raise ValueError(f"request {delta.request_id}: {delta.error}")
         state.output.num_cached_tokens = delta.num_cached_tokens
         for sd in delta.seqs:
             sample = state.samples[sd.index]
