@@ -46,12 +46,12 @@ class StepTiming:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from engine.tiny_model import resolve_model  # the built-in model is built on first use
+        from engine.default_model import resolve  # the built-in model is built on first use
         self.config = cfg = config.resolved()
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
-        model_dir = resolve_model(cfg.model)
-        self.model_name = cfg.model
+        resolved = resolve(cfg.model)
+        model_dir, self.model_name = resolved.path, resolved.name
         model_cfg = loader.load_model_config(Path(model_dir))
         self.max_model_len = self._max_model_len(model_cfg)
         hd = model_cfg.head_dim
