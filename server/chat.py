@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from transformers import PreTrainedTokenizerBase
 
 from server.api_schema import ChatCompletionResponse, generation_responses
 from server.context import ServingContext, get_context, respond
@@ -21,7 +22,7 @@ from server.sse import ChunkFormat, choice_events
 router = APIRouter(route_class=StrictJSONRoute)
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
     """Chat template -> prompt token ids. The template writes any BOS itself, so no special tokens are added."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template; use /v1/completions instead.")
@@ -41,7 +42,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     ctx.check_model(body.model)
     body.validate_request()
     prompt = render_chat(ctx.tokenizer, body.messages, body.add_generation_prompt)
-    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.engine.default_sampling)
+    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling)
     view = _ChatView(ctx, body, f"chatcmpl-{uuid.uuid4().hex}")
     stream = ctx.start(view.id, [prompt], params, arrival)
     return await respond(raw_request, stream, view, body.stream)

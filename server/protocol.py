@@ -12,8 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from engine.sampling_params import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS,
-                                    MAX_STOP_TOKEN_IDS, SamplingParams)
+from engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_STOP_STRING_LEN,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
 
 # Completions' `logprobs` is 0..5 in the OpenAI API; chat's `top_logprobs` is 0..20.
 MAX_COMPLETION_LOGPROBS = 5
