@@ -45,12 +45,12 @@ class StepTiming:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from engine.tiny_model import resolve_model  # the built-in model is built on first use
+        from engine.default_model import resolve  # the built-in model is built on first use
         self.config = cfg = config.resolved()
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
-        model_dir = resolve_model(cfg.model)
-        self.model_name = cfg.model
+        resolved = resolve(cfg.model)
+        model_dir, self.model_name = resolved.path, resolved.name
         model_cfg = loader.load_model_config(Path(model_dir))
         self.max_model_len = self._max_model_len(model_cfg)
         hd = model_cfg.head_dim
@@ -66,10 +66,9 @@ class LLMEngine:
         if cfg.attention_backend == "triton":
             self.model.use_triton_kernels()
         self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
-        self.info = ModelInfo(cfg.model, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids),
-                              self.num_kv_blocks, cfg.block_size, cfg.max_num_seqs,
-                              TokenizerSource(str(model_dir)), dict(self.default_sampling), cfg.device, cfg.dtype,
-                              cfg.attention_backend)
+        self.info = ModelInfo(self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids),
+                              self.num_kv_blocks, cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir),
+                              dict(self.default_sampling), cfg.device, cfg.dtype, cfg.attention_backend)
         graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
                                   cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)

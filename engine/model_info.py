@@ -6,21 +6,35 @@ HTTP server and the offline LLM refuse the same requests with the same messages,
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from engine.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 class TokenizerSource(msgspec.Struct, frozen=True):
-    """Where the front end loads the model's tokenizer from: a directory, plus the file inside it when the
-    tokenizer is embedded in a GGUF checkpoint (AutoTokenizer's `gguf_file`)."""
+    """Where the front end loads the model's tokenizer from: a Hugging Face checkpoint directory, or the
+    directory and file name of a GGUF checkpoint (the tokenizer is embedded in the file)."""
     path: str
     gguf_file: str | None = None
 
-    def load(self):
-        from transformers import AutoTokenizer
-        extra = {} if self.gguf_file is None else {"gguf_file": self.gguf_file}
-        return AutoTokenizer.from_pretrained(self.path, **extra)
+    @classmethod
+    def of(cls, model_path: str | Path) -> "TokenizerSource":
+        from engine.gguf_loader import is_gguf
+        path = Path(model_path)
+        return cls(str(path.parent), path.name) if is_gguf(path) else cls(str(path))
+
+    def load(self) -> PreTrainedTokenizerBase:
+        """The same loaders the engine uses, so both processes see the same tokenizer."""
+        from engine import gguf_loader, loader
+        if self.gguf_file is not None:
+            return gguf_loader.load_tokenizer(Path(self.path) / self.gguf_file)
+        return loader.load_tokenizer(Path(self.path))
 
 
 class ModelInfo(msgspec.Struct, frozen=True):

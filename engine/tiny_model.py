@@ -260,13 +260,3 @@ def ensure_tiny_random() -> Path:
     final = cache_dir() / f"{TINY_RANDOM}-{key}"
     return _build_once(final, lambda tmp: build_checkpoint(tmp, "llama", seed=0, **TINY_RANDOM_CONFIG))
 
-
-def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """"tiny-random" -> the built-in checkpoint; anything else must be a local HF checkpoint directory."""
-    if str(name_or_path) == TINY_RANDOM:
-        return ensure_tiny_random()
-    path = Path(name_or_path).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model {str(name_or_path)!r} is not a directory with a config.json; pass a local "
-                         f"Hugging Face checkpoint directory or {TINY_RANDOM!r} (nothing is downloaded).")
-    return path

@@ -104,12 +104,11 @@ def engine_config(args: argparse.Namespace, workload: Workload):
 
 
 def model_vocab_size(model: str) -> int:
-    """The vocabulary the prompts are drawn from, read from config.json before the engine loads."""
-    import json
+    """The vocabulary the prompts are drawn from, read from the model's config before the engine loads."""
+    from engine.default_model import resolve_model
+    from engine.loader import load_model_config
 
-    from engine.tiny_model import resolve_model
-
-    return int(json.loads((resolve_model(model) / "config.json").read_text())["vocab_size"])
+    return load_model_config(resolve_model(model)).vocab_size
 
 
 def run_requests(engine, workload: Workload, temperature: float, prefix: str) -> tuple[int, int]:
