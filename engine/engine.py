@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -14,11 +13,12 @@ import torch
 from engine import loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.kv_sizing import choose_num_blocks
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
+from engine.kv_sizing import choose_num_blocks
+from engine.model_info import ModelInfo, TokenizerSource
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, TokenLogprob
-from engine.request import Request, Sequence, SeqStatus
+from engine.request import Request, SeqStatus, Sequence
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -67,6 +67,9 @@ class LLMEngine:
         if cfg.attention_backend == "triton":
             self.model.use_triton_kernels()
         self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
+        self.info = ModelInfo(self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids),
+                              self.num_kv_blocks, cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir),
+                              dict(self.default_sampling), cfg.device, cfg.dtype, cfg.attention_backend)
         graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
                                   cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)
@@ -110,31 +113,14 @@ class LLMEngine:
 
     # requests -----------------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request that can never run. Pure: safe from any thread."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty; give at least one token.")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
-        params.check_vocab(self.vocab_size)
-        if params.structured_outputs is not None:
-            self.structured.check(params.structured_outputs)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len or max_tokens < 1:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
-                f"Please reduce the prompt or max_tokens.")
-        blocks = -(-(n + max_tokens) // self.config.block_size)
-        if blocks > self.num_kv_blocks - 1:
-            raise ValueError(f"the request needs {blocks} KV blocks but the cache holds only "
-                             f"{self.num_kv_blocks - 1}; shorten the prompt or max_tokens.")
+        """Raises ValueError for a request that can never run (ModelInfo.check_request: the door's check)."""
+        self.info.check_request(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use.")
-        self.check_request(prompt_token_ids, params)
+        # Validated at the door (ModelInfo.check_request, in the front end or LLM.generate), not again here.
         params = copy.copy(params)
         params.eos_token_ids = list(self.eos_token_ids)
         n = len(prompt_token_ids)

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.request import Sequence, SeqStatus
+from engine.request import SeqStatus, Sequence
 
 
 @dataclass

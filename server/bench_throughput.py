@@ -13,8 +13,17 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from server.bench_common import (WORKLOADS, BandwidthFloor, Workload, device_bandwidth, fresh_prompts,
-                                 make_workload, resolve_bench_model, simulate_floor, write_json)
+from server.bench_common import (
+    WORKLOADS,
+    BandwidthFloor,
+    Workload,
+    device_bandwidth,
+    fresh_prompts,
+    make_workload,
+    resolve_bench_model,
+    simulate_floor,
+    write_json,
+)
 
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 BUSY_STEP_SEQS = 64     # "busy" steps: the regime where host overhead per step matters most

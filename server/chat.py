@@ -30,7 +30,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     ctx.check_model(body.model)
     body.validate_request()
     plan = plan_chat(body, ctx.tokenizer, ctx.options)
-    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.engine.default_sampling,
+    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
                                   plan.constraint)
     view = _ChatView(ctx, body, f"chatcmpl-{uuid.uuid4().hex}", plan.output)
     stream = ctx.start(view.id, [plan.prompt], params, arrival)

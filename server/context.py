@@ -1,4 +1,4 @@
-"""What every route needs: the engine, its async bridge, the served name, the metrics."""
+"""What every route needs: the model's info and tokenizer, the engine bridge, the served name, the metrics."""
 from __future__ import annotations
 
 import time
@@ -8,7 +8,9 @@ from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from transformers import PreTrainedTokenizerBase
 
+from engine.model_info import ModelInfo
 from engine.sampling_params import SamplingParams
 from server.admission import Overloaded
 from server.async_engine import AsyncEngine, EngineUnavailable
@@ -22,7 +24,8 @@ from server.sse import SSEResponse, await_or_disconnect
 
 @dataclass
 class ServingContext:
-    engine: Any                       # engine.engine.LLMEngine (or a test double with the same surface)
+    info: ModelInfo                   # what the engine process reported when it was ready
+    tokenizer: PreTrainedTokenizerBase    # loaded in this process from info.tokenizer
     async_engine: AsyncEngine
     metrics: ServerMetrics
     served_model_name: str
@@ -31,12 +34,8 @@ class ServingContext:
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
 
     @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.info.max_model_len
 
     def check_model(self, name: str | None) -> None:
         """An empty or missing model means the served one (what vLLM does); anything else must match."""

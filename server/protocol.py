@@ -13,8 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from engine.sampling_params import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS,
-                                    MAX_STOP_TOKEN_IDS, SamplingParams)
+from engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_STOP_STRING_LEN,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
 from engine.structured import StructuredOutputs
 from server.structured_request import (FunctionDefinition, ResponseFormat, StructuredOutputsRequest, Tool,
                                        ToolChoice, response_format_constraint, single_constraint,

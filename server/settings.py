@@ -127,6 +127,8 @@ OPTIONS: tuple[Option, ...] = (
            "that, new requests get HTTP 429 with Retry-After (default: 4 x --max-num-seqs)."),
     Option("request_timeout", _optional_positive_float, None, "Seconds a request may run; then it is aborted "
            "(HTTP 504, or a stream ends with finish_reason abort). Default: no limit."),
+    Option("engine_stall_timeout", _optional_positive_float, None, "Seconds the engine may go without completing a "
+           "step while requests are pending before /health answers 503 and it is logged as stuck. Default: no limit."),
     Option("drain_timeout", _non_negative_float, 5.0, "Seconds in-flight requests may take to finish after "
            "SIGTERM/SIGINT; those still running then end with finish_reason abort."),
     Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` on every route but /health and "

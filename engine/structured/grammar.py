@@ -21,6 +21,11 @@ _NEGATED_CLASS = re.compile(r"\[\^(?!\\0-\\x1f)")
 _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")    # "[13:39:55] /project/cpp/x.cc:83: "
 
 
+def check_structured(spec: StructuredOutputs) -> None:
+    """The door's check (any thread, no tokenizer needed): raises ValueError for a spec that does not parse."""
+    build_grammar(spec)
+
+
 def build_grammar(spec: StructuredOutputs) -> xg.Grammar:
     """Raises ValueError, with the compiler's own message, for anything xgrammar cannot take."""
     form = spec.form

@@ -10,9 +10,7 @@ import xgrammar as xg
 
 from engine.request import Request, Sequence
 from engine.structured.compiler import GrammarCache
-from engine.structured.grammar import build_grammar
 from engine.structured.matcher import SeqMatcher, fill_bitmask
-from engine.structured.spec import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +23,6 @@ class StructuredOutputManager:
         self._batch: xg.BatchGrammarMatcher | None = None
         self.pending: dict[str, Request] = {}        # requests whose grammar is still compiling
         self.num_constrained_total = 0
-
-    @staticmethod
-    def check(spec: StructuredOutputs) -> None:
-        """Door check (any thread): a spec that does not parse is refused before it reaches the engine."""
-        build_grammar(spec)
 
     @property
     def cache(self) -> GrammarCache:
