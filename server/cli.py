@@ -68,6 +68,7 @@ def chat_options(settings: ServeSettings):
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from server import faults
     from server.app import create_app
+    from server.dashboard.collector import DashboardOptions
     from server.engine_process import EngineStartupError, ProcessEngineClient
     from server.process import exit_now, run_server
     from server.security import default_allowed_hosts
@@ -89,7 +90,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
-                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host))
+                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

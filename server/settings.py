@@ -145,6 +145,9 @@ OPTIONS: tuple[Option, ...] = (
            ("hermes", "llama3_json")),
     Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
            "message.reasoning_content.", ("qwen3", "deepseek_r1")),
+    Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
+    Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
+           "dashboard (anyone with access to it can read them)."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )
