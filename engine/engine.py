@@ -22,6 +22,7 @@ from engine.request import Request, SeqStatus, Sequence
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                  cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
         self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False)
         self.in_flight: LaunchedStep | None = None
@@ -128,6 +131,7 @@ class LLMEngine:
         seq = self._new_seq(req, 0, list(prompt_token_ids))
         seq.needs_fork = params.n > 1
         self.requests[request_id] = req
+        self.structured.add(req)
         self.scheduler.add(seq)
 
     def _new_seq(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
@@ -149,6 +153,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, finish_reason)
         if seq_index is None or req.finished:
             del self.requests[request_id]
+            self.structured.discard(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self.in_flight is not None
@@ -158,7 +163,7 @@ class LLMEngine:
         waiting = {id(s.request) for s in self.scheduler.waiting} - running
         bm = self.block_manager
         return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
-                           bm.prefix_queries, bm.prefix_hits)
+                           bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds())
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
@@ -168,6 +173,8 @@ class LLMEngine:
         is resolved only after the next one is launched, so the device never waits for the host.
         """
         deltas: list[RequestDelta] = []
+        for req, error in self.structured.poll():   # grammars that failed to compile fail their request
+            deltas += self._fail([req], ValueError(error), status=400)
         if self.in_flight is not None and self._needs_host_tokens():
             deltas += self._resolve(self.in_flight)  # penalties read the real tokens on the host
             self.in_flight = None
@@ -189,7 +196,8 @@ class LLMEngine:
         return deltas
 
     def _needs_host_tokens(self) -> bool:
-        return any(s.params.uses_penalties for s in self.scheduler.running)
+        # Penalties read the real tokens on the host, and a grammar's next bitmask needs its last token.
+        return any(s.params.uses_penalties or s.matcher is not None for s in self.scheduler.running)
 
     def _launch(self, sched: SchedulerOutput, t0: float) -> LaunchedStep:
         t1 = time.perf_counter()
@@ -210,6 +218,8 @@ class LLMEngine:
             counts.append(len(family))
         st = self.sampler.prepare([SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids,
                                              s.generator) for s in rows]) if rows else None
+        if st is not None:
+            st.grammar = self.structured.bitmask(rows, self.device)
         positions = []
         for i, seq in enumerate(rows):
             seq.token_ids.append(PLACEHOLDER)
@@ -228,6 +238,7 @@ class LLMEngine:
         children = []
         for index in range(1, parent.params.n):
             child = self._new_seq(parent.request, index, list(parent.token_ids))
+            child.matcher = parent.matcher.fork() if parent.matcher is not None else None
             self.block_manager.fork(parent, child)
             child.status = SeqStatus.RUNNING
             self.scheduler.running.append(child)
@@ -269,7 +280,10 @@ class LLMEngine:
                 k = seq.params.logprobs
                 entry = TokenLogprob(tok, lp[i], ranks[i], list(zip(top_ids[i][:k], top_lps[i][:k])))
                 seq.logprobs.append(entry)
-            self._check_finish(seq, tok, pos)
+            if not self.structured.accept(seq, tok):
+                self.scheduler.finish(seq, "stop")
+            else:
+                self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
             delta = deltas.get(req.request_id)
@@ -296,23 +310,29 @@ class LLMEngine:
                 reason = "stop"
             elif tok in p.stop_token_ids:
                 reason, stop_reason = "stop", tok
+        if reason is None and self.structured.is_complete(seq):   # e.g. ignore_eos: nothing may follow
+            reason = "stop"
         if reason is None and (num_output >= seq.request.max_tokens or pos + 1 >= self.max_model_len):
             reason = "length"
         if reason is not None:
             del seq.token_ids[pos + 1:]
             self.scheduler.finish(seq, reason, stop_reason)
 
-    def _fail(self, requests, error: Exception) -> list[RequestDelta]:
-        """Finish every sequence of the given requests with finish_reason "error"."""
+    def _fail(self, requests, error: Exception, status: int = 500) -> list[RequestDelta]:
+        """Finish every sequence of the given requests with finish_reason "error" (status 400: the
+        request's own fault, and the error says why)."""
         deltas = []
         for req in list(requests):
             for seq in req.seqs:
                 self.scheduler.finish(seq, "error")
             req.timings.finished_time = time.monotonic()
             self.requests.pop(req.request_id, None)
+            self.structured.discard(req.request_id)
             deltas.append(RequestDelta(req.request_id, [SequenceDelta(s.index, [], None, "error") for s in req.seqs],
                                        True, len(req.prompt_token_ids), req.num_cached_tokens, req.timings,
-                                       error=f"internal error during generation: {type(error).__name__}"))
+                                       error=str(error) if status < 500 else
+                                       f"internal error during generation: {type(error).__name__}",
+                                       error_status=status))
         return deltas
 
     def fail_all(self, error: BaseException) -> list[RequestDelta]:

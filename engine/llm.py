@@ -56,6 +56,8 @@ class LLM:
         return [out for out, _ in outputs.values()]
 
     def _apply(self, out: RequestOutput, processor: RequestProcessor, delta: RequestDelta) -> None:
+        if delta.error is not None and delta.error_status < 500:   # e.g. its grammar took too long to compile
+            raise ValueError(f"request {delta.request_id}: {delta.error}")
         out.num_cached_tokens = delta.num_cached_tokens
         processor.process(delta)
         for index in processor.stopped_samples:      # a stop string ended it: the engine stops it too

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.sampling_params import SamplingParams
+from engine.structured.grammar import check_structured
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -64,6 +65,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
         params.check_vocab(self.vocab_size)
+        if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
+            check_structured(params.structured_outputs)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         if n + max_tokens > self.max_model_len or max_tokens < 1:
             raise ValueError(

@@ -56,6 +56,7 @@ class RequestProcessor:
             for i in range(params.n)]
         self.finished = False
         self.error: str | None = None           # why the engine failed this request, once it did
+        self.error_status = 500                 # 400: the request itself was at fault (e.g. its grammar)
         self.last_finish_reason = "stop"        # the outcome is that of the last sample to finish
         self.stopped_samples: list[int] = []    # ended by a stop string: the engine must be told to stop them
 
@@ -66,6 +67,7 @@ class RequestProcessor:
             return []       # tokens still in flight after every sample was stopped here
         if delta.error is not None or any(s.finish_reason == "error" for s in delta.seqs):
             self.error = delta.error or "generation failed inside the engine"
+            self.error_status = delta.error_status
             self.finished = True
             return []
         out = []

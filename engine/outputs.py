@@ -44,6 +44,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     num_cached_tokens: int             # prompt tokens served from the prefix cache
     timings: RequestTimings
     error: str | None = None           # set when the request failed inside the engine
+    error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -54,6 +55,7 @@ class EngineStats(msgspec.Struct, array_like=True):
     num_preemptions_total: int = 0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up
     prefix_cache_hits_total: int = 0     # prompt tokens found
+    grammar_compile_seconds: list[float] = msgspec.field(default_factory=list)   # compiles finished since last stats
 
 
 @dataclass

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from server import chat, completions, faults, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine
+from server.chat_plan import ChatOptions
 from server.context import ServingContext, get_context
 from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
@@ -37,7 +38,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stream_interval: int = 1,
                max_queue_len: int | None = None, request_timeout: float | None = None,
                engine_stall_timeout: float | None = None, api_key: str | None = None,
-               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False) -> FastAPI:
+               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
+               chat_options: ChatOptions | None = None) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
@@ -47,13 +49,16 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
+    chat_options = chat_options or ChatOptions()
+    if chat_options.enable_auto_tool_choice and chat_options.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json).")
     info = client.info
     name = served_model_name or info.model_name
     tokenizer = info.tokenizer.load()
     metrics = ServerMetrics(name, info.max_model_len)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
-    ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer))
+    ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -62,6 +62,11 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(settings, config)
 
 
+def chat_options(settings: ServeSettings):
+    from server.chat_plan import ChatOptions
+    return ChatOptions(settings.enable_auto_tool_choice, settings.tool_call_parser, settings.reasoning_parser)
+
+
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from server import faults
     from server.app import create_app
@@ -84,7 +89,7 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          stream_interval=settings.stream_interval, max_queue_len=settings.max_queue_len,
                          request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
-                         fault_injection=faults.enabled())
+                         fault_injection=faults.enabled(), chat_options=chat_options(settings))
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

@@ -46,7 +46,7 @@ async def create_completion(body: CompletionRequest, raw_request: Request) -> Re
     ctx.check_model(body.model)
     body.validate_request()
     prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
-    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling)
+    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint())
     response_id = f"cmpl-{uuid.uuid4().hex}"
     view = _CompletionView(ctx, body, response_id, prompts, texts)
     stream = ctx.start(response_id, prompts, params, arrival)

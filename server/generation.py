@@ -94,6 +94,19 @@ class GenerationStream:
         delta = item[1]
         return delta.finished or delta.error is not None or any(s.finish_reason for s in delta.seqs)
 
+    async def first_news(self) -> GenerationError | None:
+        """Waits for the engine's first word on this stream without consuming it; returns the error it
+        reports when the request was refused there (e.g. a grammar that failed to compile)."""
+        if not self._inbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item = self._inbox[0]
+        if isinstance(item, GenerationError):
+            return item
+        if isinstance(item, tuple) and item[1].error is not None:
+            return GenerationError(item[1].error, item[1].error_status)
+        return None
+
     async def updates(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
@@ -158,7 +171,7 @@ class GenerationStream:
                 _merge(merged, choice_delta)
             if req.error is not None:
                 self._release(req.request_id)
-                raise GenerationError(req.error)
+                raise GenerationError(req.error, req.error_status)
             for index in req.stopped_samples:    # the engine does not know about stop strings
                 self._abort(req.request_id, index, "stop")
             req.stopped_samples.clear()

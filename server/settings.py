@@ -62,6 +62,13 @@ def _optional_positive_float(value: object) -> float | None:
     return number
 
 
+def _positive_float(value: object) -> float:
+    number = float(value)
+    if not number > 0:      # also refuses NaN
+        raise ValueError("must be a number of seconds > 0")
+    return number
+
+
 def _non_negative_float(value: object) -> float:
     number = float(value)
     if not number >= 0:
@@ -128,6 +135,14 @@ OPTIONS: tuple[Option, ...] = (
            "/metrics. Prefer the environment variable: command lines are visible to other users."),
     Option("allowed_origins", parse_origins, (), "Comma-separated browser origins CORS allows (e.g. "
            "https://app.example.com, or *). Default: none."),
+    _engine("grammar_compile_timeout", _positive_float, "Seconds a structured-output grammar may take to "
+            "compile; a request whose grammar takes longer gets HTTP 400."),
+    Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '
+           "call a tool, and --tool-call-parser reads its calls."),
+    Option("tool_call_parser", _optional_str, None, "How tool calls are read from the output of tool_choice \"auto\".",
+           ("hermes", "llama3_json")),
+    Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
+           "message.reasoning_content.", ("qwen3", "deepseek_r1")),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )

@@ -6,7 +6,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from server.api_schema import DetokenizeResponse, TokenizeResponse, errors
-from server.chat import render_chat
+from server.chat_template import render_chat
 from server.context import get_context
 from server.limits import StrictJSONRoute
 from server.protocol import DetokenizeRequest, TokenizeRequest
