@@ -46,7 +46,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the workload's longest prompt + output")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    engine.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    engine.add_argument("--attention-backend", default="auto", choices=("auto", "cpu", "torch", "triton"))
     engine.add_argument("--async-scheduling", default=None, action=argparse.BooleanOptionalAction,
                         help="prepare step N+1 while step N runs (default: on for CUDA, off on CPU)")
 
