@@ -36,6 +36,7 @@ class EngineConfig:
     # Launch step N+1 before step N's tokens reach the host. None: on for CUDA, where the device runs
     # asynchronously; off on CPU, where the forward would compete with the host work for the same cores.
     async_scheduling: bool | None = None
+    grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -53,6 +54,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be >= 2 (block 0 is reserved).")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1.")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError("grammar_compile_timeout must be > 0 seconds.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
 

@@ -1,12 +1,14 @@
-"""Hugging Face checkpoint directory -> our model, tokenizer and generation defaults.
+"""Hugging Face checkpoint directory or .gguf file -> our model, tokenizer and generation defaults.
 
-Weights are read tensor by tensor from (possibly sharded) safetensors and copied straight into our
-modules; q/k/v and gate/up are fused on the way in. No transformers model object is ever built.
+Weights are read tensor by tensor from (possibly sharded) safetensors, or dequantized tensor by tensor
+from a GGUF file (engine.gguf_loader), and copied straight into our modules under their Hugging Face
+names; q/k/v and gate/up are fused on the way in. No transformers model object is ever built.
 """
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from engine import gguf_loader
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 
@@ -43,6 +46,8 @@ def read_json(path: Path) -> dict:
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:
+    if gguf_loader.is_gguf(model_dir):
+        return ModelConfig.from_hf(gguf_loader.hf_config(gguf_loader.open_gguf(model_dir)))
     if not model_dir.is_dir():
         raise ValueError(f"model directory {str(model_dir)!r} does not exist.")
     if not (model_dir / "config.json").is_file():
@@ -86,25 +91,30 @@ def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: object, cfg: M
     dst.copy_(tensor)
 
 
-def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
-    params = dict(model.named_parameters())
-    expected_parts: dict[str, int] = {n: (3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else
-                                          2 if "gate_up_proj" in n else 1) for n in params}
-    seen: dict[str, int] = {}
+def safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     show = sum(f.stat().st_size for f in files) > 1 << 30
     for path in tqdm(files, desc="Loading safetensors", disable=not show, unit="file"):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
-                target, shard = _target(name)
-                if target not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
-                try:
-                    _copy_shard(params[target], f.get_tensor(name), shard, model.config)
-                except ValueError as e:
-                    raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
-                seen[target] = seen.get(target, 0) + 1
+                if not name.endswith(_IGNORED_SUFFIXES):
+                    yield name, f.get_tensor(name)
+
+
+def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copies (Hugging Face name, tensor) pairs into the model, fusing q/k/v and gate/up on the way."""
+    params = dict(model.named_parameters())
+    expected_parts: dict[str, int] = {n: (3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else
+                                          2 if "gate_up_proj" in n else 1) for n in params}
+    seen: dict[str, int] = {}
+    for name, tensor in tensors:
+        target, shard = _target(name)
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
+        try:
+            _copy_shard(params[target], tensor, shard, model.config)
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+        seen[target] = seen.get(target, 0) + 1
     if model.config.tie_word_embeddings and "lm_head.weight" not in seen:
         model.lm_head.weight = model.embed_tokens.weight
         seen["lm_head.weight"] = 1
@@ -112,6 +122,10 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
     if missing:
         raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+    load_tensors(model, safetensors_tensors(files))
 
 
 def load_tokenizer(model_dir: Path):
@@ -129,19 +143,46 @@ def generation_defaults(model_dir: Path) -> tuple[dict, list[int]]:
     return {k: gen[k] for k in _SAMPLING_KEYS if gen.get(k) is not None}, eos_ids
 
 
-def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
-    model_dir = Path(model_dir)
-    cfg = load_model_config(model_dir)
-    files = weight_files(model_dir)
+def _empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int
+                 ) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_position)
-    model = model.to_empty(device=device).to(dtype)
-    load_weights(model, files)
+    return model.to_empty(device=device).to(dtype)
+
+
+def _finish(model: LlamaForCausalLM, device: torch.device) -> None:
     model.init_rotary(device)
     model.eval().requires_grad_(False)
+
+
+def _eos_ids(gen_eos: list[int], cfg: ModelConfig, tokenizer) -> list[int]:
+    return list(dict.fromkeys([*gen_eos, *cfg.eos_token_ids]
+                              or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
+
+
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
+    """A .gguf file: config, tokenizer and weights (dequantized into `dtype`) all come from it."""
+    file = gguf_loader.open_gguf(path)
+    cfg = ModelConfig.from_hf(gguf_loader.hf_config(file))
+    model = _empty_model(cfg, dtype, device, max_position)
+    load_tensors(model, gguf_loader.named_tensors(file, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers))
+    _finish(model, device)
+    tokenizer = gguf_loader.load_tokenizer(path)
+    log.info("loaded %s (%s, %d layers) in %s on %s", path, cfg.architecture, cfg.num_layers, dtype, device)
+    return LoadedModel(model, cfg, tokenizer, {}, _eos_ids([], cfg, tokenizer))
+
+
+def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
+    """A Hugging Face checkpoint directory, or a .gguf file."""
+    model_dir = Path(model_dir)
+    if gguf_loader.is_gguf(model_dir):
+        return load_gguf(model_dir, dtype, device, max_position)
+    cfg = load_model_config(model_dir)
+    files = weight_files(model_dir)
+    model = _empty_model(cfg, dtype, device, max_position)
+    load_weights(model, files)
+    _finish(model, device)
     tokenizer = load_tokenizer(model_dir)
     defaults, gen_eos = generation_defaults(model_dir)
-    eos = list(dict.fromkeys([*gen_eos, *cfg.eos_token_ids]
-                             or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
     log.info("loaded %s (%s, %d layers) in %s on %s", model_dir, cfg.architecture, cfg.num_layers, dtype, device)
-    return LoadedModel(model, cfg, tokenizer, defaults, eos)
+    return LoadedModel(model, cfg, tokenizer, defaults, _eos_ids(gen_eos, cfg, tokenizer))

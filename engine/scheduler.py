@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.request import Sequence, SeqStatus
+from engine.request import SeqStatus, Sequence
 
 
 @dataclass
@@ -70,8 +70,12 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         num_seqs = sum(s.params.n if s.needs_fork else 1 for s in self.running)
+        compiling: list[Sequence] = []   # their grammar is not ready: they keep their place, others go by
         while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seq.request.grammar is not None:
+                compiling.append(self.waiting.popleft())
+                continue
             width = seq.params.n if seq.needs_fork else 1
             if num_seqs + width > self.max_num_seqs:
                 break
@@ -89,6 +93,7 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
             budget -= num_new
             num_seqs += width
+        self.waiting.extendleft(reversed(compiling))
         out.block_copies = self.bm.pending_copies
         self.bm.pending_copies = []
         return out

@@ -13,8 +13,17 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from server.bench_common import (WORKLOADS, BandwidthFloor, Workload, device_bandwidth, fresh_prompts,
-                                 make_workload, resolve_bench_model, simulate_floor, write_json)
+from server.bench_common import (
+    WORKLOADS,
+    BandwidthFloor,
+    Workload,
+    device_bandwidth,
+    fresh_prompts,
+    make_workload,
+    resolve_bench_model,
+    simulate_floor,
+    write_json,
+)
 
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 BUSY_STEP_SEQS = 64     # "busy" steps: the regime where host overhead per step matters most
@@ -95,12 +104,11 @@ def engine_config(args: argparse.Namespace, workload: Workload):
 
 
 def model_vocab_size(model: str) -> int:
-    """The vocabulary the prompts are drawn from, read from config.json before the engine loads."""
-    import json
+    """The vocabulary the prompts are drawn from, read from the model's config before the engine loads."""
+    from engine.default_model import resolve_model
+    from engine.loader import load_model_config
 
-    from engine.tiny_model import resolve_model
-
-    return int(json.loads((resolve_model(model) / "config.json").read_text())["vocab_size"])
+    return load_model_config(resolve_model(model)).vocab_size
 
 
 def run_requests(engine, workload: Workload, temperature: float, prefix: str) -> tuple[int, int]:

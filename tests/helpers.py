@@ -26,7 +26,24 @@ def make_checkpoint(root: Path, arch: str, **overrides) -> Path:
 @lru_cache(maxsize=8)
 def hf_model(path: str):
     from transformers import AutoModelForCausalLM
+    if path.endswith(".gguf"):
+        return hf_gguf_model(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_gguf_model(path: str):
+    """transformers reading a GGUF file itself: its own dequantization and Q/K un-permutation. Its config
+    mapping drops qwen3's head_dim (it takes Qwen3Config's default 128), so a qwen3 file gets the config
+    we read; tests/test_gguf.py compares that config with transformers' own for every other key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.gguf_loader import hf_config, open_gguf
+
+    file = Path(path)
+    config = hf_config(open_gguf(file))
+    kwargs = {"config": AutoConfig.for_model(**config)} if config["model_type"] == "qwen3" else {}
+    return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32,
+                                                **kwargs).eval()
 
 
 @torch.inference_mode()

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from engine import tiny_model
-from engine.tiny_model import (ARCHS, SHAPES, build_checkpoint, ensure_tiny_random, make_config,
-                               resolve_model, weight_shapes)
+from engine.default_model import resolve_model
+from engine.tiny_model import ARCHS, SHAPES, build_checkpoint, ensure_tiny_random, make_config, weight_shapes
 
 
 def load_all(path) -> dict[str, torch.Tensor]:

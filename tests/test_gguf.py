@@ -1,0 +1,193 @@
+"""GGUF files: dequantization, Q/K un-permutation, config, tokenizer, and token parity with transformers
+reading the same file."""
+from __future__ import annotations
+
+import shutil
+from functools import cache
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine import LLM, SamplingParams
+from engine.default_model import resolve
+from engine.gguf_loader import hf_config, load_tokenizer, open_gguf
+from engine.loader import _empty_model, load_tensors
+from engine.tiny_model import build_checkpoint
+from tests.gguf_files import (
+    K_QUANTS,
+    WRITABLE,
+    random_blocks,
+    torch_dequantize,
+    write_gguf,
+)
+from tests.helpers import hf_greedy, hf_model, random_prompts
+
+MAX_TOKENS = 12
+# K-quant blocks hold 256 values: their rows must be multiples of 256 long.
+K_DIMS = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+ARCH_OVERRIDES = {
+    "llama": {"tie_word_embeddings": False},
+    "qwen2": {"tie_word_embeddings": True},
+    # head_dim != hidden_size / heads: the file's attention.key_length must be honoured
+    "qwen3": {"tie_word_embeddings": True, "head_dim": 32},
+}
+CASES = ([("llama", q) for q in WRITABLE] + [("qwen2", "Q8_0"), ("qwen2", "F16"), ("qwen3", "F32"),
+         ("qwen3", "Q4_1")] + [("llama", q) for q in K_QUANTS] + [("qwen3", "Q6_K")])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gguf")
+
+
+@cache
+def _checkpoint(root: Path, arch: str, k_dims: bool) -> Path:
+    overrides = {**ARCH_OVERRIDES[arch], **(K_DIMS if k_dims else {})}
+    return build_checkpoint(root / f"{arch}-hf{'-k' if k_dims else ''}", arch, seed=1, **overrides)
+
+
+def gguf_file(root: Path, arch: str, qtype: str) -> Path:
+    path = root / f"{arch}-{qtype}.gguf"
+    if not path.is_file():
+        write_gguf(_checkpoint(root, arch, qtype in K_QUANTS), path, arch, qtype)
+    return path
+
+
+# transformers' torch dequantizer covers these block formats; F16/BF16 are plain values torch can view
+TORCH_DEQUANT = ("Q8_0", "Q4_0", "Q4_1", *K_QUANTS)
+
+
+def _random_data(qtype: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """(the float values quantized, or None for random K-quant blocks; the stored bytes)"""
+    if qtype in K_QUANTS:
+        return None, random_blocks(qtype, 8, 512, seed=7)
+    values = np.random.default_rng(3).standard_normal((8, 512)).astype(np.float32)
+    return values, gguf.quants.quantize(values, Q[qtype]).view(np.uint8)
+
+
+@pytest.mark.parametrize("qtype", TORCH_DEQUANT + ("F16", "BF16"))
+def test_gguf_dequantization_equals_an_independent_implementation(qtype):
+    """gguf.quants and transformers' torch dequantizer (or torch's own float16/bfloat16) agree."""
+    _, data = _random_data(qtype)
+    ours = torch.from_numpy(gguf.quants.dequantize(data, Q[qtype]))
+    if qtype in TORCH_DEQUANT:
+        theirs = torch_dequantize(data, qtype).float().reshape(ours.shape)
+    else:
+        theirs = torch.from_numpy(data.copy()).view(getattr(torch, {"F16": "float16", "BF16": "bfloat16"}[qtype]))
+    assert ours.shape == (8, 512) and torch.isfinite(ours).all() and ours.abs().sum() > 0
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("qtype", [q for q in WRITABLE if q != "F32"])
+def test_quantize_dequantize_round_trip_is_within_one_step(qtype):
+    values, data = _random_data(qtype)
+    back = gguf.quants.dequantize(data, Q[qtype])
+    bits = {"F16": 11, "BF16": 8, "Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5}[qtype]
+    blocks = np.abs(values).reshape(8, -1, 32).max(-1, keepdims=True)   # per-32-value block scale
+    step = np.broadcast_to(2 * blocks / 2 ** bits, (8, 16, 32)).reshape(8, 512)
+    assert np.all(np.abs(back - values) <= step + 1e-6)
+
+
+@pytest.mark.parametrize("arch,qtype", CASES)
+def test_weights_and_greedy_tokens_equal_transformers(root, arch, qtype):
+    path = gguf_file(root, arch, qtype)
+    llm = LLM(model=str(path), device="cpu", dtype="float32", block_size=4, max_model_len=128)
+    hf = hf_model(str(path))
+    # transformers' tensors, fused by our own loader, must be our tensors bit for bit
+    ref = _empty_model(llm.engine.model_config, torch.float32, torch.device("cpu"), 128)
+    load_tensors(ref, hf.state_dict().items())
+    ours = llm.engine.model.state_dict()     # tied lm_head included
+    assert ours.keys() == ref.state_dict().keys()
+    for name, param in ref.state_dict().items():
+        assert torch.equal(ours[name], param), name
+    prompts = random_prompts(1000, [1, 9, 23], seed=len(qtype))
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(path, prompt, MAX_TOKENS)[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_config_equals_transformers_gguf_config(root, arch):
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = gguf_file(root, arch, "F16")
+    ours = hf_config(open_gguf(path))
+    theirs = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    theirs.pop("_model_name_or_path")
+    assert {k: ours.get(k) for k in theirs} == theirs
+    assert ours["architectures"] == [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                      "qwen3": "Qwen3ForCausalLM"}[arch]]
+    assert ours["head_dim"] == ARCH_OVERRIDES[arch].get("head_dim", 16)
+
+
+def test_tokenizer_from_gguf_equals_the_checkpoints(root):
+    from transformers import AutoTokenizer
+
+    path = gguf_file(root, "llama", "F16")
+    ours, original = load_tokenizer(path), AutoTokenizer.from_pretrained(str(_checkpoint(root, "llama", False)))
+    for text in ["Hello world", "  two  spaces\nand a line", "naïve café ☕ 東京", "<|im_start|>user\nhi<|im_end|>"]:
+        assert ours.encode(text) == original.encode(text), text
+    chat = [{"role": "user", "content": "What is two plus two?"}]
+    assert (ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == original.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    assert ours.eos_token == "<|endoftext|>" and ours.decode(ours.encode("a <|im_end|>"),
+                                                             skip_special_tokens=True) == "a "
+
+
+def test_served_name_is_the_file_name_without_gguf(root):
+    path = gguf_file(root, "llama", "Q8_0")
+    assert resolve(str(path)).name == "llama-Q8_0"
+    assert LLM(model=str(path), device="cpu", max_model_len=64).engine.model_name == "llama-Q8_0"
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def _arch_file(path: Path, arch: str) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def bad_gguf_files(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (file, pattern its one-line error must match)."""
+    data = good.read_bytes()
+    (root / "notgguf.gguf").write_text("this is not a model\n")
+    (root / "cut-data.gguf").write_bytes(data[: len(data) - 1000])
+    (root / "cut-header.gguf").write_bytes(data[:200])
+    iq = root / "iq2.gguf"
+    w = gguf.GGUFWriter(str(iq), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 66), dtype=np.uint8), raw_dtype=Q.IQ2_XXS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {
+        "missing": (root / "missing.gguf", "does not exist"),
+        "not-gguf": (root / "notgguf.gguf", "is not a GGUF file"),
+        "truncated-data": (root / "cut-data.gguf", "is truncated: tensor .* ends at byte"),
+        "truncated-header": (root / "cut-header.gguf", "truncated or corrupt header.*supported architectures"),
+        "arch": (_arch_file(root / "gpt2.gguf", "gpt2"), "'gpt2' model; supported architectures: llama"),
+        "quant": (iq, "stored as IQ2_XXS; supported architectures.*supported tensor types: F32"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "not-gguf", "truncated-data", "truncated-header", "arch", "quant"])
+def test_bad_gguf_files_raise_one_clear_value_error(root, case):
+    path, pattern = bad_gguf_files(root, gguf_file(root, "llama", "F16"))[case]
+    with pytest.raises(ValueError, match=pattern) as info:
+        LLM(model=str(path), device="cpu")
+    assert "\n" not in str(info.value)
+
+
+def test_upper_case_extension_dispatches_to_gguf(root, tmp_path):
+    upper = tmp_path / "Model.GGUF"
+    shutil.copyfile(gguf_file(root, "llama", "Q8_0"), upper)
+    assert LLM(model=str(upper), device="cpu", max_model_len=64).engine.model_name == "Model"
