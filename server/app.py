@@ -39,14 +39,15 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                max_queue_len: int | None = None, request_timeout: float | None = None,
                engine_stall_timeout: float | None = None, api_key: str | None = None,
                allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
-               chat_options: ChatOptions | None = None) -> FastAPI:
+               chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",)) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
     max_queue_len: engine requests that may wait (None: 4 x max_num_seqs); request_timeout: seconds a request
     may run (None: no limit); engine_stall_timeout: seconds without a step, work pending, before /health
     answers 503; api_key: required as a Bearer token on every route but /health and /metrics;
-    allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes."""
+    allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
+    allowed_hosts: Host header names answered ("*": any)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     chat_options = chat_options or ChatOptions()
@@ -71,7 +72,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
-    install_access_control(app, api_key, allowed_origins)     # outermost: runs before the body is read
+    install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
     install_error_handlers(app)
     for module in (completions, chat, tokenization):
         app.include_router(module.router)

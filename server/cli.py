@@ -72,6 +72,7 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from server.app import create_app
     from server.engine_process import EngineStartupError, ProcessEngineClient
     from server.process import exit_now, run_server
+    from server.security import default_allowed_hosts
 
     logger.info("starting the engine process for model %s", config.model)
     try:
@@ -89,7 +90,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          stream_interval=settings.stream_interval, max_queue_len=settings.max_queue_len,
                          request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
-                         fault_injection=faults.enabled(), chat_options=chat_options(settings))
+                         fault_injection=faults.enabled(), chat_options=chat_options(settings),
+                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host))
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

@@ -18,7 +18,7 @@ import yaml
 
 from engine.config import ATTENTION_BACKENDS, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
-from server.security import parse_origins
+from server.security import parse_allowed_hosts, parse_origins
 
 ENV_PREFIX = "PAGEDSERVE_"
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -135,6 +135,8 @@ OPTIONS: tuple[Option, ...] = (
            "/metrics. Prefer the environment variable: command lines are visible to other users."),
     Option("allowed_origins", parse_origins, (), "Comma-separated browser origins CORS allows (e.g. "
            "https://app.example.com, or *). Default: none."),
+    Option("allowed_hosts", parse_allowed_hosts, None, "Comma-separated Host header names answered (any port), or "
+           "*. Default: bound to a loopback address, only localhost, 127.0.0.1 and [::1]; bound elsewhere, any."),
     _engine("grammar_compile_timeout", _positive_float, "Seconds a structured-output grammar may take to "
             "compile; a request whose grammar takes longer gets HTTP 400."),
     Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '
