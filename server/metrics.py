@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from engine.outputs import EngineStats, RequestTimings
 
 CONTENT_TYPE = _CONTENT_TYPE
+# No `*_created` series: they double the series count of every counter and histogram for a timestamp that
+# nothing here needs (vLLM turns them off too). A process-wide switch of prometheus-client.
+disable_created_metrics()
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,

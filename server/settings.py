@@ -177,6 +177,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                                 default=argparse.SUPPRESS, help=help_text)
 
 
+def add_option_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...],
+                         defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+    """Flags for the named options with ordinary defaults (other commands, e.g. `pagedserve bench`, that take
+    some of serve's options without its env/file layers)."""
+    for name in names:
+        opt = _BY_NAME[name]
+        default = (defaults or {}).get(name, opt.default)
+        help_text = f"{(helps or {}).get(name, opt.help)} Default: {default}."
+        if opt.convert is parse_bool:
+            parser.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
+                                default=default, help=help_text)
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     values: Mapping[str, Any]
