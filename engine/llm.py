@@ -32,7 +32,7 @@ class _RequestState:
 
 
 class LLM:
-    def __init__(self, model: str = "tiny-random", **kwargs) -> None:
+    def __init__(self, model: str = EngineConfig.model, **kwargs) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
