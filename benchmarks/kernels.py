@@ -22,8 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.paged_attention import (choose_num_splits, decode_workspace, paged_decode_attention,  # noqa: E402
-                                     paged_prefill_attention)
+from kernels.paged_attention import choose_num_splits, decode_workspace, paged_decode_attention, paged_prefill_attention  # noqa: E402
 
 SHAPES = [(16, 8, 128), (32, 8, 64)]  # (q heads, kv heads, head_dim): Qwen3-0.6B-like, Llama-3.2-1B-like
 BATCHES, CONTEXTS, PREFILL_LENS = [1, 8, 64, 256], [512, 1024, 4096], [1024, 2048, 4096]

@@ -8,7 +8,15 @@ import torch
 from engine.default_model import DEFAULT_MODEL
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+
+
+def cpu_auto_dtype() -> str:
+    """bf16 where the CPU multiplies bf16 matrices faster than fp32 ones: with AMX tiles. With AVX-512 BF16
+    alone (no AMX) oneDNN's bf16 GEMMs ran at about half of MKL's fp32 speed on our Xeon (docs/benchmarks.md),
+    so fp32 is the faster choice there."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return "bfloat16" if amx() else "float32"
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,7 @@ class EngineConfig:
     # Launch step N+1 before step N's tokens reach the host. None: on for CUDA, where the device runs
     # asynchronously; off on CPU, where the forward would compete with the host work for the same cores.
     async_scheduling: bool | None = None
+    grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -49,10 +58,12 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be >= 2 (block 0 is reserved).")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1.")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError("grammar_compile_timeout must be > 0 seconds.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
 
-    def resolved(self) -> "EngineConfig":
+    def resolved(self) -> EngineConfig:
         """Replace every 'auto' by the concrete choice for this machine."""
         device = self.device
         if device == "auto":
@@ -61,10 +72,10 @@ class EngineConfig:
             raise ValueError("device 'cuda' was asked for but no CUDA device is available; use --device cpu.")
         dtype = self.dtype
         if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+            dtype = "bfloat16" if device.startswith("cuda") else cpu_auto_dtype()
         backend = self.attention_backend
         if backend == "auto":
-            backend = "triton" if device.startswith("cuda") else "torch"
+            backend = "triton" if device.startswith("cuda") else "cpu"
         overlap = device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
         return replace(self, device=device, dtype=dtype, attention_backend=backend, async_scheduling=overlap)
 

@@ -2,26 +2,27 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from engine import loader
+from engine import device_info, loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.kv_sizing import choose_num_blocks
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
+from engine.kv_sizing import choose_num_blocks
+from engine.model_info import ModelInfo, TokenizerSource
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, RequestDelta, SequenceDelta, TokenLogprob
-from engine.request import Request, Sequence, SeqStatus
+from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
+from engine.request import Request, SeqStatus, Sequence
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,21 @@ class LLMEngine:
                                   cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)
         if self.runner.graphs is not None:
             self.runner.graphs.capture()
+        self.info = ModelInfo(
+            self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
+            cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
+            cfg.device, cfg.dtype, cfg.attention_backend,
+            cuda_graphs=self.runner.graphs is not None and self.runner.graphs.use_graphs,
+            device_name=device_info.device_name(self.device),
+            weight_bytes=device_info.weight_bytes_per_step(self.model),
+            kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
+            memory_bandwidth=device_info.memory_bandwidth(self.device))
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                                  cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
         self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False)
         self.in_flight: LaunchedStep | None = None
@@ -82,6 +94,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._record_timings = False
         self.step_timings: list[StepTiming] = []
+        self._last_step: StepStats | None = None     # for the next stats(): the dashboard's per-step view
         log.info("engine ready: model=%s device=%s dtype=%s backend=%s kv_blocks=%d (%d tokens) max_model_len=%d",
                  cfg.model, cfg.device, cfg.dtype, cfg.attention_backend, self.num_kv_blocks,
                  (self.num_kv_blocks - 1) * cfg.block_size, self.max_model_len)
@@ -107,29 +120,14 @@ class LLMEngine:
 
     # requests -----------------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request that can never run. Pure: safe from any thread."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty; give at least one token.")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
-        params.check_vocab(self.vocab_size)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len or max_tokens < 1:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
-                f"Please reduce the prompt or max_tokens.")
-        blocks = -(-(n + max_tokens) // self.config.block_size)
-        if blocks > self.num_kv_blocks - 1:
-            raise ValueError(f"the request needs {blocks} KV blocks but the cache holds only "
-                             f"{self.num_kv_blocks - 1}; shorten the prompt or max_tokens.")
+        """Raises ValueError for a request that can never run (ModelInfo.check_request: the door's check)."""
+        self.info.check_request(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use.")
-        self.check_request(prompt_token_ids, params)
+        # Validated at the door (ModelInfo.check_request, in the front end or LLM.generate), not again here.
         params = copy.copy(params)
         params.eos_token_ids = list(self.eos_token_ids)
         n = len(prompt_token_ids)
@@ -140,6 +138,7 @@ class LLMEngine:
         seq = self._new_seq(req, 0, list(prompt_token_ids))
         seq.needs_fork = params.n > 1
         self.requests[request_id] = req
+        self.structured.add(req)
         self.scheduler.add(seq)
 
     def _new_seq(self, req: Request, index: int, token_ids: list[int]) -> Sequence:
@@ -161,6 +160,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, finish_reason)
         if seq_index is None or req.finished:
             del self.requests[request_id]
+            self.structured.discard(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self.in_flight is not None
@@ -169,8 +169,10 @@ class LLMEngine:
         running = {id(s.request) for s in self.scheduler.running}
         waiting = {id(s.request) for s in self.scheduler.waiting} - running
         bm = self.block_manager
+        step, self._last_step = self._last_step, None
         return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
-                           bm.prefix_queries, bm.prefix_hits)
+                           bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
+                           bm.num_used_blocks, bm.num_cached_free, step)
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
@@ -180,11 +182,14 @@ class LLMEngine:
         is resolved only after the next one is launched, so the device never waits for the host.
         """
         deltas: list[RequestDelta] = []
+        for req, error in self.structured.poll():   # grammars that failed to compile fail their request
+            deltas += self._fail([req], ValueError(error), status=400)
         if self.in_flight is not None and self._needs_host_tokens():
             deltas += self._resolve(self.in_flight)  # penalties read the real tokens on the host
             self.in_flight = None
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        preempted, self.scheduler.preempted = self.scheduler.preempted, []
         launched = None
         if sched.scheduled:
             try:
@@ -198,10 +203,14 @@ class LLMEngine:
         if launched is not None and not self.overlap:
             deltas += self._resolve(launched)
             self.in_flight = None
+        step = launched.step if launched is not None else StepStats(0.0, 0, 0, 0)
+        step.seconds, step.preempted = time.perf_counter() - t0, preempted
+        self._last_step = step
         return deltas
 
     def _needs_host_tokens(self) -> bool:
-        return any(s.params.uses_penalties for s in self.scheduler.running)
+        # Penalties read the real tokens on the host, and a grammar's next bitmask needs its last token.
+        return any(s.params.uses_penalties or s.matcher is not None for s in self.scheduler.running)
 
     def _launch(self, sched: SchedulerOutput, t0: float) -> LaunchedStep:
         t1 = time.perf_counter()
@@ -211,10 +220,18 @@ class LLMEngine:
                 item.seq.request.timings.first_scheduled_time = now
         inputs = self.runner.build_inputs(sched)  # placeholders in it are filled on the device (overlap)
         sampling: list[Sequence] = []
+        step = StepStats(0.0, 0, 0, 0)
         for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            step.num_context_tokens += seq.num_computed_tokens
+            if item.num_new_tokens == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
+                step.num_decode_seqs += 1
+            else:   # a prompt chunk, or tokens recomputed after a preemption
+                step.num_prefill_tokens += item.num_new_tokens
+                step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                sampling.append(item.seq)
+                sampling.append(seq)
         rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
@@ -222,6 +239,8 @@ class LLMEngine:
             counts.append(len(family))
         st = self.sampler.prepare([SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids,
                                              s.generator) for s in rows]) if rows else None
+        if st is not None:
+            st.grammar = self.structured.bitmask(rows, self.device)
         positions = []
         for i, seq in enumerate(rows):
             seq.token_ids.append(PLACEHOLDER)
@@ -232,7 +251,7 @@ class LLMEngine:
             torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st)
         prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
-        launched.schedule_s, launched.prepare_s = t1 - t0, prepare_s
+        launched.schedule_s, launched.prepare_s, launched.step = t1 - t0, prepare_s, step
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -240,6 +259,7 @@ class LLMEngine:
         children = []
         for index in range(1, parent.params.n):
             child = self._new_seq(parent.request, index, list(parent.token_ids))
+            child.matcher = parent.matcher.fork() if parent.matcher is not None else None
             self.block_manager.fork(parent, child)
             child.status = SeqStatus.RUNNING
             self.scheduler.running.append(child)
@@ -281,7 +301,10 @@ class LLMEngine:
                 k = seq.params.logprobs
                 entry = TokenLogprob(tok, lp[i], ranks[i], list(zip(top_ids[i][:k], top_lps[i][:k])))
                 seq.logprobs.append(entry)
-            self._check_finish(seq, tok, pos)
+            if not self.structured.accept(seq, tok):
+                self.scheduler.finish(seq, "stop")
+            else:
+                self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
             delta = deltas.get(req.request_id)
@@ -308,23 +331,29 @@ class LLMEngine:
                 reason = "stop"
             elif tok in p.stop_token_ids:
                 reason, stop_reason = "stop", tok
+        if reason is None and self.structured.is_complete(seq):   # e.g. ignore_eos: nothing may follow
+            reason = "stop"
         if reason is None and (num_output >= seq.request.max_tokens or pos + 1 >= self.max_model_len):
             reason = "length"
         if reason is not None:
             del seq.token_ids[pos + 1:]
             self.scheduler.finish(seq, reason, stop_reason)
 
-    def _fail(self, requests, error: Exception) -> list[RequestDelta]:
-        """Finish every sequence of the given requests with finish_reason "error"."""
+    def _fail(self, requests, error: Exception, status: int = 500) -> list[RequestDelta]:
+        """Finish every sequence of the given requests with finish_reason "error" (status 400: the
+        request's own fault, and the error says why)."""
         deltas = []
         for req in list(requests):
             for seq in req.seqs:
                 self.scheduler.finish(seq, "error")
             req.timings.finished_time = time.monotonic()
             self.requests.pop(req.request_id, None)
+            self.structured.discard(req.request_id)
             deltas.append(RequestDelta(req.request_id, [SequenceDelta(s.index, [], None, "error") for s in req.seqs],
                                        True, len(req.prompt_token_ids), req.num_cached_tokens, req.timings,
-                                       error=f"internal error during generation: {type(error).__name__}"))
+                                       error=str(error) if status < 500 else
+                                       f"internal error during generation: {type(error).__name__}",
+                                       error_status=status))
         return deltas
 
     def fail_all(self, error: BaseException) -> list[RequestDelta]:

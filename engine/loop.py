@@ -14,7 +14,7 @@ from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDe
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
+    from engine.core import Engine
 
 log = logging.getLogger(__name__)
 Deliver = Callable[[list[RequestDelta], EngineStats], None]
@@ -22,9 +22,11 @@ _STOP = object()
 
 
 class EngineLoop:
-    def __init__(self, engine: "LLMEngine", deliver: Deliver) -> None:
+    def __init__(self, engine: "Engine", deliver: Deliver,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.deliver = deliver
+        self.on_death = on_death        # called on this thread after the failed requests were delivered
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
@@ -39,7 +41,7 @@ class EngineLoop:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
-        self.engine.check_request(prompt_token_ids, params)  # raises ValueError here, in the caller
+        # Checked at the door (ModelInfo.check_request) before it was sent here.
         self.inbox.put(("add", request_id, prompt_token_ids, params, arrival_time))
 
     def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
@@ -69,6 +71,8 @@ class EngineLoop:
             self._stopping = True
             try:
                 self.deliver(self.engine.fail_all(e), self.engine.stats())
+                if self.on_death is not None:
+                    self.on_death(e)
             except BaseException:
                 log.exception("could not report the engine failure")
 

@@ -1,29 +1,32 @@
-"""What the engine hands back each step: plain data, no tensors."""
+"""What the engine hands back each step: plain data, no tensors.
+
+The per-step types are msgspec structs: the engine process sends them to the front end once per step
+(engine/messages.py), so they must encode fast and decode into the same types on the other side.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass
-class TokenLogprob:
+class TokenLogprob(msgspec.Struct, array_like=True):
     """Log-probabilities at one generated position (of the model's raw distribution)."""
     token_id: int
     logprob: float
     rank: int                                     # 1 = most likely
-    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+    top: list[tuple[int, float]] = []             # (token_id, logprob), best first
 
 
-@dataclass
-class RequestTimings:
-    """Monotonic timestamps (time.monotonic()) of one request's life in the engine."""
+class RequestTimings(msgspec.Struct, array_like=True):
+    """Monotonic timestamps (time.monotonic(), one clock for every process on the host) of a request."""
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
 
 
-@dataclass
-class SequenceDelta:
+class SequenceDelta(msgspec.Struct, array_like=True):
     """New tokens of one sample (index 0..n-1) of a request in one step."""
     index: int
     new_token_ids: list[int]
@@ -32,8 +35,7 @@ class SequenceDelta:
     stop_reason: int | None = None     # the stop_token_ids entry that ended it (None for eos)
 
 
-@dataclass
-class RequestDelta:
+class RequestDelta(msgspec.Struct, array_like=True):
     """One request's news in one engine step; the last one has finished=True."""
     request_id: str
     seqs: list[SequenceDelta]
@@ -42,17 +44,32 @@ class RequestDelta:
     num_cached_tokens: int             # prompt tokens served from the prefix cache
     timings: RequestTimings
     error: str | None = None           # set when the request failed inside the engine
+    error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
 
 
-@dataclass
-class EngineStats:
-    """Scheduler state after a step, for /metrics."""
+class StepStats(msgspec.Struct, array_like=True):
+    """The step the engine just launched: what it computed and how long the step() call took (with overlap
+    that call also waits for the previous batch, so in a steady state it is the step period)."""
+    seconds: float
+    num_prefill_tokens: int            # prompt (or recomputed) tokens of the chunks in the step
+    num_decode_seqs: int               # sequences decoding one token
+    num_context_tokens: int            # sum of seq_lens: the KV tokens attention reads
+    prefill_chunks: list[tuple[str, int]] = []   # (request_id, tokens) of each prefill chunk
+    preempted: list[str] = []          # request ids preempted while scheduling it
+
+
+class EngineStats(msgspec.Struct, array_like=True):
+    """Scheduler state after a step, for /metrics and the dashboard."""
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0        # 0..1, allocated blocks / usable blocks
     num_preemptions_total: int = 0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up
     prefix_cache_hits_total: int = 0     # prompt tokens found
+    grammar_compile_seconds: list[float] = msgspec.field(default_factory=list)   # compiles finished since last stats
+    kv_blocks_used: int = 0            # held by requests (the rest of the usable blocks are free)
+    kv_blocks_cached: int = 0          # free, but still holding a reusable prefix (evicted last-freed-last)
+    step: StepStats | None = None      # None when no step ran (only requests were added or aborted)
 
 
 @dataclass

@@ -4,11 +4,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.outputs import RequestTimings, TokenLogprob
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.compiler import PendingGrammar
+    from engine.structured.matcher import SeqMatcher
 
 
 class SeqStatus(enum.Enum):
@@ -24,8 +29,9 @@ class Request:
     params: SamplingParams
     max_tokens: int                    # params.max_tokens resolved against max_model_len
     timings: RequestTimings = field(default_factory=lambda: RequestTimings(time.monotonic()))
-    seqs: list["Sequence"] = field(default_factory=list)
+    seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
+    grammar: PendingGrammar | None = None   # set while its structured-output grammar compiles
 
     @property
     def finished(self) -> bool:
@@ -51,6 +57,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] | None = None
+    matcher: SeqMatcher | None = None  # its grammar's state (constrained requests only)
 
     @property
     def num_tokens(self) -> int:

@@ -1,6 +1,6 @@
 """Batched sampling on the device: every row has its own parameters, all rows sample in one step.
 
-Order (vLLM's): logit_bias -> min_tokens masking -> repetition / frequency / presence penalties ->
+Order (vLLM's): structured-output grammar bitmask -> logit_bias -> min_tokens masking -> repetition / frequency / presence penalties ->
 greedy rows take the argmax; the others: temperature -> top_k -> top_p -> min_p -> sample.
 Logprobs are always those of the raw model distribution (log_softmax of the unmodified logits).
 
@@ -60,6 +60,7 @@ class SamplingTensors:
     penalties: PenaltyTensors | None
     seeded: list[tuple[int, torch.Generator]]                      # (row, its generator)
     max_logprobs: int | None             # None: nobody asked for logprobs
+    grammar: tuple[torch.Tensor, torch.Tensor] | None = None       # (rows, [R, ceil(V/32)] int32 bitmask)
 
 
 @dataclass
@@ -194,12 +195,15 @@ class Sampler:
         if tuple(logits.shape) != (st.num_rows, self.vocab_size):
             raise RuntimeError(f"logits of shape {tuple(logits.shape)} for {st.num_rows} rows and a "
                                f"vocabulary of {self.vocab_size}")
-        plain = st.bias is None and st.banned is None and st.penalties is None and st.max_logprobs is None
+        plain = (st.bias is None and st.banned is None and st.penalties is None and st.max_logprobs is None
+                 and st.grammar is None)
         if st.all_greedy and plain:
             # The common fast path: one scrub (NaN would win an argmax) and one argmax.
             return SamplerOutput(_scrub(logits, posinf=_INF).argmax(-1), None, None, None, None)
         x = _scrub(logits.float(), posinf=_BIG)          # our own copy: edited in place below
         raw_logprobs = x.log_softmax(-1).nan_to_num_(nan=_NEG_INF) if st.max_logprobs is not None else None
+        if st.grammar is not None:
+            _apply_grammar_bitmask(x, *st.grammar)
         if st.bias is not None:
             rows, ids, vals = st.bias
             x.index_put_((rows, ids), vals, accumulate=True)
@@ -244,6 +248,13 @@ def _mix64(seed: int, index: int) -> int:
 def _scrub(logits: torch.Tensor, posinf: float) -> torch.Tensor:
     """NaN -> -inf (never chosen); +inf -> posinf. A row with nothing finite picks token 0."""
     return torch.nan_to_num(logits, nan=_NEG_INF, posinf=posinf, neginf=_NEG_INF)
+
+
+def _apply_grammar_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Tokens whose bit is 0 in their row's bitmask (bit t % 32 of word t // 32) become -inf."""
+    bits = torch.arange(32, device=x.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :x.shape[1]]
+    x.index_copy_(0, rows, x.index_select(0, rows).masked_fill_(~allowed, _NEG_INF))
 
 
 def _apply_penalties(x: torch.Tensor, pt: PenaltyTensors, vocab_size: int) -> None:

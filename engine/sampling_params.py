@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.structured.spec import StructuredOutputs
+
 # Bounds on what one request may make the engine allocate or compute.
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -34,6 +36,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None   # json / regex / choice / grammar constraint
     # Filled in by the engine from generation_config.json / the tokenizer, not by users.
     eos_token_ids: list[int] = field(default_factory=list, repr=False)
 
@@ -44,6 +47,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         self.validate()

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.request import Sequence, SeqStatus
+from engine.request import SeqStatus, Sequence
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.preempted: list[str] = []     # request ids preempted since the engine last drained them
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -70,8 +71,12 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         num_seqs = sum(s.params.n if s.needs_fork else 1 for s in self.running)
+        compiling: list[Sequence] = []   # their grammar is not ready: they keep their place, others go by
         while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seq.request.grammar is not None:
+                compiling.append(self.waiting.popleft())
+                continue
             width = seq.params.n if seq.needs_fork else 1
             if num_seqs + width > self.max_num_seqs:
                 break
@@ -89,6 +94,7 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
             budget -= num_new
             num_seqs += width
+        self.waiting.extendleft(reversed(compiling))
         out.block_copies = self.bm.pending_copies
         self.bm.pending_copies = []
         return out
@@ -111,6 +117,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preempted.append(seq.request.request_id)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
         """Free a sequence's blocks and take it out of the queues (finish or abort)."""

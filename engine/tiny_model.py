@@ -27,13 +27,22 @@ EOS_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END]   # ids 0, 1, 2
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# ChatML; content may be a string or a list of OpenAI content parts (only text parts render).
+# ChatML; content may be a string or a list of OpenAI content parts (only text parts render). Tools render
+# in a system turn and tool calls as <tool_call> JSON, as in Qwen2.5's (hermes) template.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n# Tools\n<tools>\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\nCall a function as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.<|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
     "{% endif %}{% endfor %}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson }}{{ '}</tool_call>' }}"
+    "{% endfor %}"
     "{{ '<|im_end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"

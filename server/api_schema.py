@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from server.security import PUBLIC_PATHS
 
 FinishReason = Literal["stop", "length", "abort"]
+ChatFinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class ErrorDetail(BaseModel):
@@ -74,17 +75,31 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str                   # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | None = None           # only when the model called a tool
+    reasoning_content: str | None = None                  # with --reasoning-parser
+    reasoning: str | None = None                          # the same, under its newer name
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
     stop_reason: int | str | None = None
 
 

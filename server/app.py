@@ -1,4 +1,4 @@
-"""The FastAPI app: routes, limits, error envelope, and the engine thread's lifetime (lifespan)."""
+"""The FastAPI app: routes, limits, error envelope, and the engine client's lifetime (lifespan)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,11 +13,13 @@ from fastapi.responses import Response
 
 from server import chat, completions, faults, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
-from server.async_engine import AsyncEngine, LoopFactory
+from server.async_engine import AsyncEngine
+from server.chat_plan import ChatOptions
 from server.context import ServingContext, get_context
+from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
-from server.logprobs import TokenText
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
+from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.security import install_access_control
 
@@ -32,21 +34,32 @@ def version() -> str:
         return "unknown"
 
 
-def create_app(engine: Any, *, served_model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               stream_interval: int = 1, loop_factory: LoopFactory | None = None, max_queue_len: int | None = None,
-               request_timeout: float | None = None, api_key: str | None = None,
-               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False) -> FastAPI:
-    """An app serving `engine` (already loaded); its engine thread runs while the app's lifespan does.
+def create_app(client: EngineClient, *, served_model_name: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stream_interval: int = 1,
+               max_queue_len: int | None = None, request_timeout: float | None = None,
+               engine_stall_timeout: float | None = None, api_key: str | None = None,
+               allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
+               chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",)) -> FastAPI:
+    """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
+    the client to its event loop, and shuts the engine down at the end.
 
     max_queue_len: engine requests that may wait (None: 4 x max_num_seqs); request_timeout: seconds a request
-    may run (None: no limit); api_key: required as a Bearer token on every route but /health and /metrics;
-    allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes."""
+    may run (None: no limit); engine_stall_timeout: seconds without a step, work pending, before /health
+    answers 503; api_key: required as a Bearer token on every route but /health and /metrics;
+    allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
+    allowed_hosts: Host header names answered ("*": any)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
-    name = served_model_name or engine.model_name
-    metrics = ServerMetrics(name, engine.max_model_len)
-    bridge = AsyncEngine(engine, metrics, loop_factory, stream_interval, max_queue_len, request_timeout)
-    ctx = ServingContext(engine, bridge, metrics, name, TokenText(engine.tokenizer))
+    chat_options = chat_options or ChatOptions()
+    if chat_options.enable_auto_tool_choice and chat_options.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json).")
+    info = client.info
+    name = served_model_name or info.model_name
+    tokenizer = info.tokenizer.load()
+    metrics = ServerMetrics(name, info.max_model_len)
+    bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
+                         engine_stall_timeout)
+    ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -59,20 +72,20 @@ def create_app(engine: Any, *, served_model_name: str | None = None, max_body_by
     app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
-    install_access_control(app, api_key, allowed_origins)     # outermost: runs before the body is read
+    install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
     install_error_handlers(app)
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
     if fault_injection:
-        faults.install_fault_routes(app, engine)
+        faults.install_fault_routes(app, client)
     install_openapi(app, api_key_required=bool(api_key))
     return app
 
 
 def _model_card(ctx: ServingContext) -> dict[str, Any]:
     return {"id": ctx.served_model_name, "object": "model", "created": ctx.created, "owned_by": "pagedserve",
-            "root": ctx.engine.model_name, "parent": None, "max_model_len": ctx.max_model_len}
+            "root": ctx.info.model_name, "parent": None, "max_model_len": ctx.max_model_len}
 
 
 def _add_service_routes(app: FastAPI) -> None:

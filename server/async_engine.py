@@ -1,41 +1,39 @@
-"""The bridge between asyncio and the one engine thread.
+"""The front end's side of the engine: per-request streams over one EngineClient.
 
-The engine thread calls `deliver(deltas, stats)` once per step; that hops to the event loop with a single
-`call_soon_threadsafe` and the deltas are routed to the per-request streams there. Detokenization and stop
-strings then run in the event loop (server/generation.py), never in the engine thread.
+The client delivers one StepOutput per engine step on the event loop; `_route` hands each request's delta
+to its stream there. Detokenization and stop strings then run in the stream's consumer (the output
+processor), never in the engine.
 
-It also decides what gets in (the queue bound, server/admission.py), when a request has run too long
-(--request-timeout), how a shutdown drains, and what happens when the engine thread dies.
+It also decides what gets in (the queue bound and request budgets, server/admission.py, after the
+ModelInfo checks at the door), when a request has run too long (--request-timeout), when a live engine
+counts as stuck (--engine-stall-timeout), how a shutdown drains, and what happens when the engine dies.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from engine.outputs import EngineStats, RequestDelta
+from engine.messages import AddRequest, StepOutput
 from engine.sampling_params import SamplingParams
 from server.admission import AdmissionControl, check_budget, default_queue_len
+from server.engine_client import EngineClient
 from server.generation import Expired, GenerationError, GenerationStream
 from server.metrics import ServerMetrics
 
 logger = logging.getLogger("pagedserve.server")
 
-Deliver = Callable[[list[RequestDelta], EngineStats], None]
-LoopFactory = Callable[[Any, Deliver], Any]
-_WATCH_INTERVAL_S = 0.5
+_WATCH_INTERVAL_S = 0.25
 _DRAIN_POLL_S = 0.05
-# After the engine thread dies, /health answers 503 this long before the exit callback runs, so that load
+# After the engine dies, /health answers 503 this long before the exit callback runs, so that load
 # balancers and the clients being failed see the error rather than a refused connection.
 DEATH_EXIT_DELAY_S = 1.0
 
 
 class EngineUnavailable(Exception):
-    """The engine thread is not running (shutting down, or it died); the server answers 503."""
+    """The engine is not running (shutting down, dead or stuck); the server answers 503."""
 
 
 @dataclass
@@ -44,48 +42,37 @@ class _Route:
     prompt_index: int
 
 
-def _default_loop_factory(engine: Any, deliver: Deliver) -> Any:
-    from engine.engine import EngineLoop
-    return EngineLoop(engine, deliver)
-
-
-def _kv_capacity_tokens(engine: Any) -> int | None:
-    """Tokens the KV cache holds (block 0 is reserved), when the engine says."""
-    blocks, config = getattr(engine, "num_kv_blocks", None), getattr(engine, "config", None)
-    if blocks is None or config is None:
-        return None
-    return (blocks - 1) * config.block_size
-
-
 class AsyncEngine:
-    """Owns the EngineLoop; hands out GenerationStreams; keeps /metrics' engine gauges current."""
+    """Hands out GenerationStreams over the EngineClient; keeps /metrics' engine gauges current."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, loop_factory: LoopFactory | None = None,
-                 stream_interval: int = 1, max_queue_len: int | None = None,
-                 request_timeout: float | None = None) -> None:
-        if request_timeout is not None and request_timeout <= 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout}.")
-        self.engine = engine
+    def __init__(self, client: EngineClient, tokenizer, metrics: ServerMetrics, stream_interval: int = 1,
+                 max_queue_len: int | None = None, request_timeout: float | None = None,
+                 stall_timeout: float | None = None) -> None:
+        for name, value in (("request_timeout", request_timeout), ("stall_timeout", stall_timeout)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}.")
+        self.client = client
+        self.info = client.info
+        self.tokenizer = tokenizer
         self.metrics = metrics
         self.stream_interval = stream_interval
-        max_num_seqs = getattr(getattr(engine, "config", None), "max_num_seqs", 64)
-        self.admission = AdmissionControl(max_queue_len or default_queue_len(max_num_seqs))
+        self.admission = AdmissionControl(max_queue_len or default_queue_len(self.info.max_num_seqs))
         self.request_timeout = request_timeout
-        self.kv_capacity_tokens = _kv_capacity_tokens(engine)
-        self._engine_loop = (loop_factory or _default_loop_factory)(engine, self._deliver)
+        self.stall_timeout = stall_timeout
         self._routes: dict[str, _Route] = {}
         self._num_running = 0                    # engine requests running, as of the last step
-        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._last_progress = time.monotonic()   # the last step output, or when work arrived at an idle engine
         self._watchdog: asyncio.Task | None = None
         self._stopping = False
         self.engine_dead = False
-        # Called (on the event loop) once the engine thread has died: the CLI makes the process exit.
+        self.stalled = False
+        self.death_reason: str | None = None
+        # Called (on the event loop) once the engine has died: the CLI makes the process exit.
         self.on_engine_death: Callable[[], None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._event_loop = asyncio.get_running_loop()
-        self._engine_loop.start()
+        self.client.start(self._route, self._engine_died)
         self._watchdog = asyncio.create_task(self._watch())
 
     async def drain(self, timeout: float, force: Callable[[], bool] = lambda: False) -> None:
@@ -93,10 +80,10 @@ class AsyncEngine:
         seconds (or until `force()`), then end those still running with finish_reason "abort"."""
         self._stopping = True
         deadline = time.monotonic() + timeout
-        while self._routes and time.monotonic() < deadline and not force():
+        while self._routes and time.monotonic() < deadline and not force() and not self.engine_dead:
             await asyncio.sleep(_DRAIN_POLL_S)
         streams = self._open_streams()
-        if streams:
+        if streams and not self.engine_dead:
             logger.warning("drain timeout: aborting %d request(s) still running", len(streams))
         for stream in streams:
             stream.put(Expired("shutdown"))
@@ -106,16 +93,18 @@ class AsyncEngine:
         if self._watchdog is not None:
             self._watchdog.cancel()
         self._fail_all("the server is shutting down", 503)
-        await asyncio.to_thread(self._engine_loop.shutdown, timeout)
+        await self.client.shutdown(timeout)
 
     @property
     def alive(self) -> bool:
-        return not self._stopping and self._engine_loop.alive
+        return not self._stopping and self.client.alive and not self.stalled
 
     @property
     def unavailable_reason(self) -> str:
-        if self.engine_dead or (not self._stopping and not self._engine_loop.alive):
+        if self.engine_dead or (not self._stopping and not self.client.alive):
             return "the engine stopped after an internal error"
+        if self.stalled:
+            return f"the engine has completed no step for over {self.stall_timeout:g} s"
         return "the server is shutting down"
 
     @property
@@ -124,45 +113,49 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Engine requests submitted and not running: in the engine's queue, or still in its inbox."""
+        """Engine requests submitted and not running: in the engine's queue, or on their way to it."""
         return max(0, len(self._routes) - self._num_running)
 
     def _open_streams(self) -> list[GenerationStream]:
         return list({id(r.stream): r.stream for r in self._routes.values()}.values())
 
-    async def _watch(self) -> None:
-        """If the engine thread dies, fail every waiting request instead of letting it hang (and keep
-        doing so, for a request that slipped in while it was dying), then let the process exit."""
-        while self._engine_loop.alive:
-            await asyncio.sleep(_WATCH_INTERVAL_S)
+    def _engine_died(self, reason: str) -> None:
+        """The client saw the engine die: fail every open request now, then let the process exit."""
         self.engine_dead = True
-        logger.error("the engine thread stopped: %r", getattr(self._engine_loop, "error", None))
+        self.death_reason = reason
+        self._fail_all("the engine stopped unexpectedly")
         if self.on_engine_death is not None:
             asyncio.get_running_loop().call_later(DEATH_EXIT_DELAY_S, self.on_engine_death)
+
+    async def _watch(self) -> None:
+        """Fails requests that slip in while the engine is dead, and flags an engine that is alive but
+        stuck: work pending and no step for --engine-stall-timeout seconds (/health 503, logged)."""
         while True:
-            self._fail_all("the engine stopped unexpectedly")
             await asyncio.sleep(_WATCH_INTERVAL_S)
+            if self.engine_dead:
+                self._fail_all("the engine stopped unexpectedly")
+            elif self.stall_timeout is not None:
+                quiet = time.monotonic() - self._last_progress
+                if self._routes and quiet > self.stall_timeout and not self.stalled:
+                    self.stalled = True
+                    logger.error("the engine looks stuck: %d request(s) pending and no step completed for "
+                                 "%.1f s (--engine-stall-timeout %g)", len(self._routes), quiet, self.stall_timeout)
 
     def _fail_all(self, message: str, status: int = 500) -> None:
         for stream in self._open_streams():
             stream.put(GenerationError(message, status))
 
-    # --- engine thread -> event loop ---------------------------------------------------------------
-    def _deliver(self, deltas: list[RequestDelta], stats: EngineStats) -> None:
-        """Runs in the engine thread: one hop to the event loop per step."""
-        loop = self._event_loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(self._route, deltas, stats, time.monotonic())
-        except RuntimeError:
-            pass    # the event loop closed while the engine was finishing its last step
-
-    def _route(self, deltas: list[RequestDelta], stats: EngineStats, now: float) -> None:
-        self.metrics.observe_stats(stats)
-        self._num_running = stats.num_running
+    # --- engine -> streams (on the event loop) ------------------------------------------------------
+    def _route(self, output: StepOutput) -> None:
+        now = time.monotonic()
+        self._last_progress = now
+        if self.stalled:
+            self.stalled = False
+            logger.warning("the engine completed a step again; no longer stuck")
+        self.metrics.observe_stats(output.stats)
+        self._num_running = output.stats.num_running
         routes = self._routes
-        for delta in deltas:
+        for delta in output.deltas:
             route = routes.get(delta.request_id)
             if route is not None:   # None: the client has gone and the request was aborted
                 route.stream.put((route.prompt_index, delta, now))
@@ -170,27 +163,25 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------------------------------
     def generate(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
                  arrival_time: float | None = None) -> GenerationStream:
-        """Checks every prompt first (ValueError -> 400, nothing submitted), then whether the queue has room
-        (Overloaded -> 429), then submits them all."""
+        """The door: checks every prompt (ValueError -> 400, nothing submitted), then whether the queue has
+        room (Overloaded -> 429), then submits them all."""
         if not self.alive:
             raise EngineUnavailable(self.unavailable_reason)
+        info = self.info
         for prompt in prompts:
-            self.engine.check_request(prompt, params)
-        check_budget(params, [len(p) for p in prompts], self.engine.max_model_len, self.kv_capacity_tokens)
+            info.check_request(prompt, params)
+        check_budget(params, [len(p) for p in prompts], info.max_model_len, info.kv_capacity_tokens)
         self.admission.admit(self.num_waiting, len(prompts))
         arrival = time.monotonic() if arrival_time is None else arrival_time
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        stream = GenerationStream(ids, prompts, params, self.engine.tokenizer, self.metrics,
-                                  abort=self._engine_loop.abort, release=self._release,
+        stream = GenerationStream(ids, prompts, params, self.tokenizer, self.metrics,
+                                  abort=self.client.abort, release=self._release,
                                   stream_interval=self.stream_interval)
-        try:
-            for i, (rid, prompt) in enumerate(zip(ids, prompts)):
-                self._routes[rid] = _Route(stream, i)
-                # Each engine request gets its own params: the engine fills in per-request fields.
-                self._engine_loop.add_request(rid, prompt, dataclasses.replace(params), arrival)
-        except BaseException:
-            stream.close()
-            raise
+        if not self._routes:
+            self._last_progress = time.monotonic()      # an idle engine owes no step until now
+        for i, (rid, prompt) in enumerate(zip(ids, prompts)):
+            self._routes[rid] = _Route(stream, i)
+            self.client.add(AddRequest(rid, prompt, params, arrival))   # encoded: the engine gets its own copy
         if self.request_timeout is not None:
             delay = max(0.0, self.request_timeout - (time.monotonic() - arrival))
             stream.deadline = asyncio.get_running_loop().call_later(delay, stream.put, Expired("timeout"))

@@ -13,8 +13,19 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from server.bench_common import (WORKLOADS, BandwidthFloor, Workload, device_bandwidth, fresh_prompts,
-                                 make_workload, resolve_bench_model, simulate_floor, write_json)
+from engine import device_info
+from engine.device_info import weight_bytes_per_step
+from server.bench_common import (
+    WORKLOADS,
+    BandwidthFloor,
+    Workload,
+    device_bandwidth,
+    fresh_prompts,
+    make_workload,
+    resolve_bench_model,
+    simulate_floor,
+    write_json,
+)
 
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 BUSY_STEP_SEQS = 64     # "busy" steps: the regime where host overhead per step matters most
@@ -46,7 +57,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the workload's longest prompt + output")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    engine.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    engine.add_argument("--attention-backend", default="auto", choices=("auto", "cpu", "torch", "triton"))
     engine.add_argument("--async-scheduling", default=None, action=argparse.BooleanOptionalAction,
                         help="prepare step N+1 while step N runs (default: on for CUDA, off on CPU)")
 
@@ -180,31 +191,12 @@ def _host_seconds(timing) -> float:
     return host if host is not None else sum(getattr(timing, p) for p in PHASES if p != "forward")
 
 
-def weight_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied ones once), except an
-    untied input embedding, of which a step gathers only a few rows."""
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        seen[id(p)] = p.numel() * p.element_size()
-    embed, head = model.embed_tokens.weight, model.lm_head.weight
-    if embed is not head and embed.data_ptr() != head.data_ptr():
-        seen.pop(id(embed), None)
-    return sum(seen.values())
-
-
 def kv_bytes_per_token(engine) -> int:
-    cfg = engine.model.config
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.runner.kv_cache.element_size()
+    return device_info.kv_bytes_per_token(engine.model, engine.runner.kv_cache.dtype)
 
 
 def device_name(engine) -> str:
-    import torch
-
-    if engine.device.type == "cuda":
-        return torch.cuda.get_device_name(engine.device)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()})"
+    return device_info.device_name(engine.device)
 
 
 def bandwidth_floor(engine, workload: Workload, bandwidth: float | None) -> BandwidthFloor | None:

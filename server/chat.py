@@ -6,31 +6,20 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.api_schema import ChatCompletionResponse, generation_responses
+from server.chat_output import ChatOutputFormat
+from server.chat_plan import plan_chat
 from server.context import ServingContext, get_context, respond
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
 from server.logprobs import chat_logprobs
-from server.protocol import ChatCompletionRequest, ChatMessage, usage_dict
+from server.protocol import ChatCompletionRequest, usage_dict
 from server.sse import ChunkFormat, choice_events
 
 router = APIRouter(route_class=StrictJSONRoute)
-
-
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-    """Chat template -> prompt token ids. The template writes any BOS itself, so no special tokens are added."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; use /v1/completions instead.")
-    try:
-        text = tokenizer.apply_chat_template([m.for_template() for m in messages], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
-    except jinja2.TemplateError as exc:
-        raise ValueError(f"the chat template cannot render these messages: {exc}") from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
@@ -40,17 +29,20 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
     body.validate_request()
-    prompt = render_chat(ctx.tokenizer, body.messages, body.add_generation_prompt)
-    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.engine.default_sampling)
-    view = _ChatView(ctx, body, f"chatcmpl-{uuid.uuid4().hex}")
-    stream = ctx.start(view.id, [prompt], params, arrival)
+    plan = plan_chat(body, ctx.tokenizer, ctx.options)
+    params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
+                                  plan.constraint)
+    view = _ChatView(ctx, body, f"chatcmpl-{uuid.uuid4().hex}", plan.output)
+    stream = ctx.start(view.id, [plan.prompt], params, arrival)
     return await respond(raw_request, stream, view, body.stream)
 
 
 class _ChatView:
-    def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, response_id: str) -> None:
-        self.ctx, self.body, self.id = ctx, body, response_id
+    def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, response_id: str,
+                 output: ChatOutputFormat) -> None:
+        self.ctx, self.body, self.id, self.output = ctx, body, response_id, output
         self.created = int(time.time())
+        self.deltas = [output.stream() for _ in range(body.n)]
 
     def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict[str, Any] | None:
         if self.body.num_logprobs is None:
@@ -58,11 +50,11 @@ class _ChatView:
         return chat_logprobs(self.ctx.token_text, token_ids, logprobs or [], self.body.num_logprobs)
 
     def response(self, stream: GenerationStream) -> dict[str, Any]:
-        choices = [{"index": c.index,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
-                    "logprobs": self._logprobs(c.token_ids, c.logprobs),
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                   for c in stream.choices]
+        choices = []
+        for c in stream.choices:
+            message, finish_reason = self.output.message(c.text, c.finish_reason)
+            choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(c.token_ids, c.logprobs),
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
@@ -77,8 +69,11 @@ class _ChatView:
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not (d.text or d.finish_reason or (d.token_ids and self.body.logprobs)):
             return None
-        choice: dict[str, Any] = {"index": d.index, "delta": {"content": d.text} if d.text else {},
-                                  "finish_reason": d.finish_reason}
+        state = self.deltas[d.index]
+        delta = state.delta(d.text, d.finish_reason is not None)
+        if not (delta or d.finish_reason or (d.token_ids and self.body.logprobs)):
+            return None     # text held back (a partial tag) makes no chunk
+        choice: dict[str, Any] = {"index": d.index, "delta": delta, "finish_reason": state.finish_reason(d.finish_reason)}
         if self.body.num_logprobs is not None:
             choice["logprobs"] = self._logprobs(d.token_ids, d.logprobs)
         if d.finish_reason is not None:

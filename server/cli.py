@@ -6,6 +6,7 @@ code); adding one is one line in COMMANDS.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -59,30 +60,39 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(settings, config)
 
 
+def chat_options(settings: ServeSettings):
+    from server.chat_plan import ChatOptions
+    return ChatOptions(settings.enable_auto_tool_choice, settings.tool_call_parser, settings.reasoning_parser)
+
+
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
-    from engine.engine import LLMEngine
     from server import faults
     from server.app import create_app
+    from server.engine_process import EngineStartupError, ProcessEngineClient
     from server.process import exit_now, run_server
+    from server.security import default_allowed_hosts
 
-    logger.info("loading model %s", config.model)
+    logger.info("starting the engine process for model %s", config.model)
     try:
-        engine = LLMEngine(config)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        logger.error("cannot load the model: %s", exc)
+        client = ProcessEngineClient(config, log_level=settings.log_level)
+    except EngineStartupError as exc:
+        logger.error("the engine could not start: %s", exc)
         return 1
-    resolved = engine.config
-    name = settings.served_model_name or engine.model_name
+    info = client.info
+    name = settings.served_model_name or info.model_name
     logger.info("model=%s served as %r device=%s dtype=%s attention=%s kv_blocks=%d (block size %d) "
-                "max_model_len=%d", engine.model_name, name, resolved.device, resolved.dtype,
-                resolved.attention_backend, engine.num_kv_blocks, resolved.block_size, engine.max_model_len)
+                "max_model_len=%d; engine process pid %s", info.model_name, name, info.device, info.dtype,
+                info.attention_backend, info.num_kv_blocks, info.block_size, info.max_model_len, client.pid)
     try:
-        app = create_app(engine, served_model_name=name, max_body_bytes=settings.max_body_bytes,
+        app = create_app(client, served_model_name=name, max_body_bytes=settings.max_body_bytes,
                          stream_interval=settings.stream_interval, max_queue_len=settings.max_queue_len,
-                         request_timeout=settings.request_timeout, api_key=settings.api_key,
-                         allowed_origins=settings.allowed_origins, fault_injection=faults.enabled())
-    except ValueError as exc:
-        logger.error("invalid server settings: %s", exc)
+                         request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
+                         api_key=settings.api_key, allowed_origins=settings.allowed_origins,
+                         fault_injection=faults.enabled(), chat_options=chat_options(settings),
+                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host))
+    except (ValueError, OSError) as exc:
+        logger.error("cannot start the front end: %s", exc)
+        asyncio.run(client.shutdown(5.0))
         return 2
     bridge = app.state.ctx.async_engine
     if not settings.api_key and settings.host not in ("127.0.0.1", "localhost", "::1"):

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from transformers import PreTrainedTokenizerBase
 
 from server.api_schema import CompletionResponse, generation_responses
 from server.context import ServingContext, get_context, respond
@@ -21,7 +22,7 @@ from server.sse import ChunkFormat, choice_events
 router = APIRouter(route_class=StrictJSONRoute)
 
 
-def tokenize_prompts(tokenizer: Any, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
     """The four prompt forms -> token ids per prompt, and the prompt text where the client sent text."""
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not prompts:
@@ -45,7 +46,7 @@ async def create_completion(body: CompletionRequest, raw_request: Request) -> Re
     ctx.check_model(body.model)
     body.validate_request()
     prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
-    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.engine.default_sampling)
+    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint())
     response_id = f"cmpl-{uuid.uuid4().hex}"
     view = _CompletionView(ctx, body, response_id, prompts, texts)
     stream = ctx.start(response_id, prompts, params, arrival)

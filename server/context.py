@@ -1,4 +1,4 @@
-"""What every route needs: the engine, its async bridge, the served name, the metrics."""
+"""What every route needs: the model's info and tokenizer, the engine bridge, the served name, the metrics."""
 from __future__ import annotations
 
 import time
@@ -8,10 +8,13 @@ from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from transformers import PreTrainedTokenizerBase
 
+from engine.model_info import ModelInfo
 from engine.sampling_params import SamplingParams
 from server.admission import Overloaded
 from server.async_engine import AsyncEngine, EngineUnavailable
+from server.chat_plan import ChatOptions
 from server.errors import APIError, ClientDisconnected, model_not_found
 from server.generation import GenerationError, GenerationStream
 from server.logprobs import TokenText
@@ -21,20 +24,18 @@ from server.sse import SSEResponse, await_or_disconnect
 
 @dataclass
 class ServingContext:
-    engine: Any                       # engine.engine.LLMEngine (or a test double with the same surface)
+    info: ModelInfo                   # what the engine process reported when it was ready
+    tokenizer: PreTrainedTokenizerBase    # loaded in this process from info.tokenizer
     async_engine: AsyncEngine
     metrics: ServerMetrics
     served_model_name: str
     token_text: TokenText
     created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
+    options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self.info.max_model_len
 
     def check_model(self, name: str | None) -> None:
         """An empty or missing model means the served one (what vLLM does); anything else must match."""
@@ -44,7 +45,10 @@ class ServingContext:
     def start(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
               arrival_time: float) -> GenerationStream:
         try:
-            return self.async_engine.generate(request_id, prompts, params, arrival_time)
+            stream = self.async_engine.generate(request_id, prompts, params, arrival_time)
+            if params.structured_outputs is not None:
+                self.metrics.constrained_requests.inc(len(prompts))
+            return stream
         except EngineUnavailable as exc:
             raise APIError(503, f"The server cannot take requests now: {exc}.") from None
         except Overloaded as exc:
@@ -60,6 +64,16 @@ class View(Protocol):
 
 
 async def respond(request: Request, stream: GenerationStream, view: View, streaming: bool) -> Response:
+    if streaming and stream.params.structured_outputs is not None:
+        # Its grammar compiles in the engine first: a bad one must still get a 400, not a stream.
+        try:
+            error = await await_or_disconnect(request, stream.first_news())
+        except ClientDisconnected:
+            stream.close()
+            return Response(status_code=499)
+        if error is not None and error.status < 500:
+            stream.close()
+            raise APIError(error.status, str(error))
     if streaming:
         return SSEResponse(view.events(stream))
     try:
@@ -67,7 +81,7 @@ async def respond(request: Request, stream: GenerationStream, view: View, stream
     except ClientDisconnected:
         return Response(status_code=499)     # nobody is listening; the request was aborted
     except GenerationError as exc:
-        raise APIError(exc.status, f"Generation failed: {exc}.") from None
+        raise APIError(exc.status, str(exc) if exc.status < 500 else f"Generation failed: {exc}.") from None
     if stream.expired == "timeout":
         raise APIError(504, "The request ran longer than this server's --request-timeout and was aborted; "
                             "lower max_tokens or n, or use stream=true to keep what was generated.",

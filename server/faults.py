@@ -1,95 +1,29 @@
-"""Test-only fault injection, for checking how the server survives engine failures end to end.
+"""Test-only fault injection routes: `POST /_fault/{kind}` arms one fault inside the engine process.
 
-Off unless the environment variable PAGEDSERVE_ENABLE_FAULT_INJECTION=1 is set when the server starts;
-then (and only then) `POST /_fault/{kind}` arms one fault, behind the API key like every other route:
-
-  forward  the model's next forward raises once: that batch's requests fail (500 / an SSE error event)
-  nan      the model's next forward returns NaN and +/-inf logits once: sampling must cope
-  kill     the engine thread's next step raises out of the engine: the thread dies, the process exits
-
-The hooks wrap the engine's own objects (the model runner's forward, the engine's step) from outside, so
-the engine carries no test code.
+Off unless the environment variable PAGEDSERVE_ENABLE_FAULT_INJECTION=1 is set when the server starts (the
+engine process inherits it and installs its hooks, engine/faults.py); the route sits behind the API key
+like every other route. Kinds: forward, nan, kill, stall (see engine/faults.py).
 """
 from __future__ import annotations
 
 import logging
-import os
-import threading
-from collections.abc import Callable, Mapping
-from typing import Any
 
-import torch
 from fastapi import FastAPI
 
+from engine.faults import ENV_VAR, KINDS, enabled
+from server.engine_client import EngineClient
 from server.errors import APIError
 
-ENV_VAR = "PAGEDSERVE_ENABLE_FAULT_INJECTION"
-KINDS = ("forward", "nan", "kill")
+__all__ = ["enabled", "install_fault_routes"]
 logger = logging.getLogger("pagedserve.server")
 
 
-class InjectedFault(RuntimeError):
-    """Raised by an armed fault."""
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(ENV_VAR, "") == "1"
-
-
-def poison(logits: torch.Tensor) -> torch.Tensor:
-    """Every other logit NaN, one +inf and one -inf per row: what a numerically broken model returns."""
-    bad = logits.clone()
-    bad[:, 0::2] = float("nan")
-    bad[:, 1] = float("inf")
-    if bad.shape[1] > 3:
-        bad[:, 3] = float("-inf")
-    return bad
-
-
-class FaultInjector:
-    def __init__(self, engine: Any) -> None:
-        self._armed: set[str] = set()
-        self._lock = threading.Lock()       # armed on the event loop, taken on the engine's threads
-        runner = engine.runner
-        forward, step = runner.forward, engine.step
-        runner.forward = self._wrap_forward(forward)
-        engine.step = self._wrap_step(step)
-
-    def arm(self, kind: str) -> None:
-        if kind not in KINDS:
-            raise APIError(404, f"Unknown fault {kind!r}; faults are {', '.join(KINDS)}.")
-        logger.warning("fault injection: %s armed", kind)
-        with self._lock:
-            self._armed.add(kind)
-
-    def _take(self, kind: str) -> bool:
-        with self._lock:
-            if kind in self._armed:
-                self._armed.discard(kind)
-                return True
-            return False
-
-    def _wrap_forward(self, forward: Callable[[Any], torch.Tensor]) -> Callable[[Any], torch.Tensor]:
-        def faulty_forward(inputs: Any) -> torch.Tensor:
-            if self._take("forward"):
-                raise InjectedFault("injected forward failure")
-            logits = forward(inputs)
-            return poison(logits) if self._take("nan") else logits
-        return faulty_forward
-
-    def _wrap_step(self, step: Callable[[], list]) -> Callable[[], list]:
-        def faulty_step() -> list:
-            if self._take("kill"):
-                raise InjectedFault("injected engine thread death")
-            return step()
-        return faulty_step
-
-
-def install_fault_routes(app: FastAPI, engine: Any) -> None:
-    injector = FaultInjector(engine)
+def install_fault_routes(app: FastAPI, client: EngineClient) -> None:
     logger.warning("%s=1: fault injection routes are enabled; never do this in production", ENV_VAR)
 
     @app.post("/_fault/{kind}", include_in_schema=False)
     async def arm_fault(kind: str) -> dict[str, str]:
-        injector.arm(kind)
+        if kind not in KINDS:
+            raise APIError(404, f"Unknown fault {kind!r}; faults are {', '.join(KINDS)}.")
+        client.arm_fault(kind)
         return {"armed": kind}

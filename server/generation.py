@@ -1,8 +1,10 @@
-"""One HTTP request's generation, as the event loop sees it: text, stop strings, usage, metrics.
+"""One HTTP request's generation, as the event loop sees it: the output processor's choices, usage, metrics.
 
 A request with P prompts and n samples each is P engine requests; its choices are numbered
-prompt_index * n + sample_index. Deltas from the engine land in one inbox per HTTP request; each wake-up
-drains everything there, so a slow client gets fewer, bigger updates instead of falling behind.
+prompt_index * n + sample_index. Each engine request's deltas go through the one output processor
+(engine/output_processor.py: text, stop strings, logprobs, finish) that the offline API uses too.
+Deltas land in one inbox per HTTP request; each wake-up drains everything there, so a slow client gets
+fewer, bigger updates instead of falling behind.
 
 `stream_interval` (SGLang's knob of that name) wakes the consumer only every that many engine steps, or at
 once for the first token, a finish or an error: bigger chunks, less per-chunk work, for throughput.
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import RequestDelta, SequenceDelta, TokenLogprob
+from engine.output_processor import Choice, ChoiceDelta, RequestProcessor
+from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams
 from server.metrics import RequestRecorder, ServerMetrics
+
+__all__ = ["ChoiceDelta", "Expired", "GenerationError", "GenerationStream"]
 
 
 class GenerationError(Exception):
@@ -27,38 +31,6 @@ class GenerationError(Exception):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class ChoiceDelta:
-    """What one choice gained in one update."""
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class Choice:
-    """Everything one choice has produced so far."""
-    index: int
-    detok: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
-    text: str = ""
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    recorder: RequestRecorder
-    finished: bool = False
-    last_finish_reason: str = "stop"    # the request's outcome is that of its last sample to finish
 
 
 @dataclass(frozen=True)
@@ -83,13 +55,11 @@ class GenerationStream:
         self._waiter: asyncio.Future | None = None
         self._interval = stream_interval
         self._woken = False                      # woken at least once (the first token is never held)
-        self.requests = [EngineRequest(rid, ids, RequestRecorder(metrics)) for rid, ids in zip(request_ids, prompts)]
-        want_logprobs = params.logprobs is not None
-        self.choices = [
-            Choice(p * params.n + i, IncrementalDetokenizer(
-                tokenizer, ids, params.stop, params.include_stop_str_in_output, params.skip_special_tokens),
-                logprobs=[] if want_logprobs else None)
-            for p, ids in enumerate(prompts) for i in range(params.n)]
+        n = params.n
+        self.requests = [RequestProcessor(rid, ids, params, tokenizer, first_index=p * n)
+                         for p, (rid, ids) in enumerate(zip(request_ids, prompts))]
+        self.recorders = [RequestRecorder(metrics) for _ in request_ids]
+        self.choices: list[Choice] = [c for req in self.requests for c in req.choices]
         self._abort = abort
         self._release = release
         self._closed = False
@@ -124,6 +94,19 @@ class GenerationStream:
         delta = item[1]
         return delta.finished or delta.error is not None or any(s.finish_reason for s in delta.seqs)
 
+    async def first_news(self) -> GenerationError | None:
+        """Waits for the engine's first word on this stream without consuming it; returns the error it
+        reports when the request was refused there (e.g. a grammar that failed to compile)."""
+        if not self._inbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item = self._inbox[0]
+        if isinstance(item, GenerationError):
+            return item
+        if isinstance(item, tuple) and item[1].error is not None:
+            return GenerationError(item[1].error, item[1].error_status)
+        return None
+
     async def updates(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
@@ -147,9 +130,9 @@ class GenerationStream:
         """The request failed: /metrics counts its unfinished parts as "error" (close() then aborts them in
         the engine without counting them again)."""
         now = time.monotonic()
-        for req in self.requests:
-            if not req.finished:
-                req.recorder.on_finish("error", None, len(req.prompt_token_ids), now)
+        for req, recorder in zip(self.requests, self.recorders):
+            if not req.finished or req.error is not None:
+                recorder.on_finish("error", None, len(req.prompt_token_ids), now)
 
     async def collect(self) -> None:
         """Runs to the end (non-streaming requests)."""
@@ -163,12 +146,12 @@ class GenerationStream:
         self._closed = True
         if self.deadline is not None:
             self.deadline.cancel()
-        for req in self.requests:
+        for req, recorder in zip(self.requests, self.recorders):
             self._release(req.request_id)
             if not req.finished:
                 req.finished = True
                 self._abort(req.request_id, None, "abort")
-                req.recorder.on_finish("abort", None, len(req.prompt_token_ids), 0.0)
+                recorder.on_finish("abort", None, len(req.prompt_token_ids), 0.0)
 
     def _apply(self, items: list[QueueItem]) -> list[ChoiceDelta]:
         merged: dict[int, ChoiceDelta] = {}
@@ -182,89 +165,35 @@ class GenerationStream:
             req = self.requests[prompt_index]
             if req.finished:
                 continue    # tokens still in flight after we stopped every sample ourselves
-            if delta.error is not None:
-                raise GenerationError(delta.error)
-            num_new, any_finished = 0, delta.finished
-            for seq in delta.seqs:
-                choice_delta = self._apply_seq(prompt_index, seq, request_done=delta.finished)
-                if choice_delta is not None:
-                    num_new += len(choice_delta.token_ids)
-                    any_finished = any_finished or choice_delta.finish_reason is not None
-                    _merge(merged, choice_delta)
-            req.recorder.on_delta(delta.timings, delta.num_prompt_tokens, num_new, now)
-            if any_finished:
-                self._maybe_finish(prompt_index, delta, now)
+            num_new = 0
+            for choice_delta in req.process(delta):
+                num_new += len(choice_delta.token_ids)
+                _merge(merged, choice_delta)
+            if req.error is not None:
+                self._release(req.request_id)
+                raise GenerationError(req.error, req.error_status)
+            for index in req.stopped_samples:    # the engine does not know about stop strings
+                self._abort(req.request_id, index, "stop")
+            req.stopped_samples.clear()
+            recorder = self.recorders[prompt_index]
+            recorder.on_delta(delta.timings, delta.num_prompt_tokens, num_new, now)
+            if req.finished:
+                self._release(req.request_id)
+                recorder.on_finish(req.last_finish_reason, delta.timings, delta.num_prompt_tokens, now)
         return [merged[i] for i in sorted(merged)]
 
-    def _apply_seq(self, prompt_index: int, seq: SequenceDelta, request_done: bool) -> ChoiceDelta | None:
-        choice = self.choices[prompt_index * self.params.n + seq.index]
-        if choice.finish_reason is not None:
-            return None
-        if seq.finish_reason == "error":
-            raise GenerationError("generation failed inside the engine")
-        text, token_ids = self._push(choice, seq.new_token_ids)
-        logprobs = seq.new_logprobs[:len(token_ids)] if seq.new_logprobs is not None else None
-        if choice.logprobs is not None and logprobs:
-            choice.logprobs.extend(logprobs)
-        choice.token_ids.extend(token_ids)
-        if choice.detok.stopped is not None:
-            choice.finish_reason, choice.stop_reason = "stop", choice.detok.stopped
-            if seq.finish_reason is None and not request_done:
-                # The engine does not know about stop strings: tell it this sample is done.
-                self._abort(self.requests[prompt_index].request_id, seq.index, "stop")
-        elif seq.finish_reason is not None:
-            text += choice.detok.flush()
-            choice.finish_reason, choice.stop_reason = seq.finish_reason, seq.stop_reason
-        choice.text += text
-        if choice.finish_reason is not None:
-            self.requests[prompt_index].last_finish_reason = choice.finish_reason
-        if not text and not token_ids and choice.finish_reason is None:
-            return None
-        return ChoiceDelta(choice.index, text, token_ids, logprobs, choice.finish_reason, choice.stop_reason)
-
-    def _push(self, choice: Choice, token_ids: list[int]) -> tuple[str, list[int]]:
-        """Feeds the detokenizer; with stop strings, one token at a time, so that tokens after the one
-        that completed a stop string are neither returned nor counted."""
-        if not self.params.stop or len(token_ids) <= 1:
-            return choice.detok.push(token_ids), token_ids
-        pieces = []
-        for i, tok in enumerate(token_ids):
-            pieces.append(choice.detok.push([tok]))
-            if choice.detok.stopped is not None:
-                return "".join(pieces), token_ids[:i + 1]
-        return "".join(pieces), token_ids
-
-    def _maybe_finish(self, prompt_index: int, delta: RequestDelta, now: float) -> None:
-        req = self.requests[prompt_index]
-        n = self.params.n
-        choices = self.choices[prompt_index * n:(prompt_index + 1) * n]
-        if not delta.finished and any(c.finish_reason is None for c in choices):
-            return
-        for c in choices:
-            if c.finish_reason is None:     # the engine ended the request without a reason for this sample
-                raise GenerationError("the engine finished a request with an unfinished sample")
-        req.finished = True
-        self._release(req.request_id)
-        req.recorder.on_finish(req.last_finish_reason, delta.timings, delta.num_prompt_tokens, now)
-
     def _expire(self, why: str, merged: dict[int, ChoiceDelta]) -> None:
-        """Finishes every unfinished choice with "abort" (text held back for a possible stop string is
-        released, as at any finish) and tells the engine to stop."""
+        """Finishes every unfinished choice with "abort" and tells the engine to stop."""
         self.expired = why
-        n, now = self.params.n, time.monotonic()
-        for p, req in enumerate(self.requests):
+        now = time.monotonic()
+        for req, recorder in zip(self.requests, self.recorders):
             if req.finished:
                 continue
-            for choice in self.choices[p * n:(p + 1) * n]:
-                if choice.finish_reason is None:
-                    text = choice.detok.flush()
-                    choice.text += text
-                    choice.finish_reason = "abort"
-                    _merge(merged, ChoiceDelta(choice.index, text, [], None, "abort"))
-            req.finished = True
+            for choice_delta in req.expire():
+                _merge(merged, choice_delta)
             self._release(req.request_id)
             self._abort(req.request_id, None, "abort")
-            req.recorder.on_finish("abort", None, len(req.prompt_token_ids), now)
+            recorder.on_finish("abort", None, len(req.prompt_token_ids), now)
 
 
 def _merge(merged: dict[int, ChoiceDelta], d: ChoiceDelta) -> None:

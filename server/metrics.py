@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.outputs import EngineStats, RequestTimings
 
@@ -20,6 +20,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -69,6 +70,11 @@ class ServerMetrics:
         self.request_prompt_tokens = histogram("pagedserve_request_prompt_tokens", "Prompt length per request.", tokens)
         self.request_generation_tokens = histogram("pagedserve_request_generation_tokens",
                                                    "Generated tokens per request.", tokens)
+        self.grammar_compile = histogram("pagedserve_structured_output_compile_seconds",
+                                         "Time to compile one structured-output grammar (cache misses only).",
+                                         _COMPILE_BUCKETS)
+        self.constrained_requests = counter("pagedserve_structured_output_requests",
+                                            "Requests constrained by a JSON schema, regex, choice, grammar or tool call.")
         self._seen = EngineStats()
 
     def observe_stats(self, stats: EngineStats) -> None:
@@ -83,6 +89,8 @@ class ServerMetrics:
             increment = getattr(stats, name) - getattr(self._seen, name)
             if increment > 0:
                 counter.inc(increment)
+        for seconds in stats.grammar_compile_seconds:
+            self.grammar_compile.observe(seconds)
         self._seen = stats
 
     def render(self) -> bytes:

@@ -5,8 +5,9 @@ is not an answer a load balancer can act on); in-flight requests get --drain-tim
 running then end with finish_reason "abort"; uvicorn lets their last bytes out and the process exits 0.
 A second signal cuts the drain short.
 
-Engine thread death: every open request fails (500 / an SSE error event), /health answers 503, and the
-process exits with status 1 about a second later so that a supervisor restarts it.
+Engine death (its loop died, or its process was killed): every open request fails (500 / an SSE error event),
+/health answers 503, and the process exits with status 1 about a second later so that a supervisor restarts
+it. The engine process itself exits on its own when this process is gone (engine/core.py).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class ManagedServer(uvicorn.Server):
         bridge.on_engine_death = self._on_engine_death
 
     def _on_engine_death(self) -> None:
-        logger.error("the engine thread died; exiting with status %d so that a supervisor restarts the server",
-                     EXIT_ENGINE_DIED)
+        logger.error("the engine died (%s); exiting with status %d so that a supervisor restarts the server",
+                     self.bridge.death_reason, EXIT_ENGINE_DIED)
         self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

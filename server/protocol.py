@@ -7,13 +7,24 @@ schema fuzzers the truth: whatever it rules out is refused. Numbers are strict: 
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from engine.sampling_params import (MAX_LOGIT_BIAS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS,
-                                    MAX_STOP_TOKEN_IDS, SamplingParams)
+from engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_STOP_STRING_LEN,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
+from engine.structured import StructuredOutputs
+from server.structured_request import (FunctionDefinition, ResponseFormat, StructuredOutputsRequest, Tool,
+                                       ToolChoice, response_format_constraint, single_constraint,
+                                       structured_outputs_constraint)
 
 # Completions' `logprobs` is 0..5 in the OpenAI API; chat's `top_logprobs` is 0..20.
 MAX_COMPLETION_LOGPROBS = 5
@@ -66,6 +77,8 @@ class SamplingRequest(OpenAIModel):
                                                                                          "minimum": 0})
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -75,8 +88,13 @@ class SamplingRequest(OpenAIModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options may only be set when stream is true.")
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        model_defaults: dict[str, Any]) -> SamplingParams:
+    def constraint(self, **more: StructuredOutputs | None) -> StructuredOutputs | None:
+        """The one output constraint of this request, if any (two at once are refused)."""
+        return single_constraint(response_format=response_format_constraint(self.response_format),
+                                 structured_outputs=structured_outputs_constraint(self.structured_outputs), **more)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, model_defaults: dict[str, Any],
+                        structured_outputs: StructuredOutputs | None = None) -> SamplingParams:
         """SamplingParams for this request; fields the client left out come from the model's defaults."""
         chosen = {}
         for name, openai_default in _OPENAI_DEFAULTS.items():
@@ -88,7 +106,7 @@ class SamplingRequest(OpenAIModel):
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             logprobs=logprobs, logit_bias=_parse_logit_bias(self.logit_bias),
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, **chosen)
+            skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs, **chosen)
 
 
 def _parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -132,7 +150,24 @@ class ChatMessage(BaseModel):
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             message["content"] = _join_text_parts(self.content)
+        # An assistant turn that only calls tools has content null: templates index message['content'].
+        message.setdefault("content", "")
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [_call_for_template(c) for c in message["tool_calls"]]
         return message
+
+
+def _call_for_template(call: Any) -> Any:
+    """Templates render arguments as an object (`| tojson`); the API carries them as JSON text."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        raise ValueError("each tool_calls entry of a message needs function.name and function.arguments "
+                         "(JSON text).")
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        raise ValueError(f"tool call arguments must be JSON text, got {function['arguments'][:100]!r}.") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _join_text_parts(parts: list[ContentPart]) -> str:
@@ -144,18 +179,19 @@ def _join_text_parts(parts: list[ContentPart]) -> str:
     return "\n".join(texts)
 
 
-class ResponseFormat(OpenAIModel):
-    type: str = _doc("text", enum=["text"])
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = _doc(None, minimum=1)
     max_completion_tokens: StrictInt | None = _doc(None, minimum=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = _doc(None, minimum=0, maximum=MAX_CHAT_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
     add_generation_prompt: StrictBool = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    functions: list[FunctionDefinition] | None = None     # deprecated spelling of tools
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def validate_request(self) -> None:
         self.check_stream_options()
@@ -168,8 +204,10 @@ class ChatCompletionRequest(SamplingRequest):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}.")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format type {self.response_format.type!r} is not supported; use 'text'.")
+        if self.functions is not None and self.tools is not None:
+            raise ValueError("send tools or the deprecated functions, not both.")
+        if self.function_call is not None and self.tool_choice is not None:
+            raise ValueError("send tool_choice or the deprecated function_call, not both.")
 
     @property
     def max_new_tokens(self) -> int | None:

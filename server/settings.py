@@ -18,7 +18,7 @@ import yaml
 
 from engine.config import ATTENTION_BACKENDS, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
-from server.security import parse_origins
+from server.security import parse_allowed_hosts, parse_origins
 
 ENV_PREFIX = "PAGEDSERVE_"
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -56,6 +56,13 @@ def _optional_positive_int(value: object) -> int | None:
 def _optional_positive_float(value: object) -> float | None:
     if _is_unset(value):
         return None
+    number = float(value)
+    if not number > 0:      # also refuses NaN
+        raise ValueError("must be a number of seconds > 0")
+    return number
+
+
+def _positive_float(value: object) -> float:
     number = float(value)
     if not number > 0:      # also refuses NaN
         raise ValueError("must be a number of seconds > 0")
@@ -123,12 +130,24 @@ OPTIONS: tuple[Option, ...] = (
            "that, new requests get HTTP 429 with Retry-After (default: 4 x --max-num-seqs)."),
     Option("request_timeout", _optional_positive_float, None, "Seconds a request may run; then it is aborted "
            "(HTTP 504, or a stream ends with finish_reason abort). Default: no limit."),
+    Option("engine_stall_timeout", _optional_positive_float, None, "Seconds the engine may go without completing a "
+           "step while requests are pending before /health answers 503 and it is logged as stuck. Default: no limit."),
     Option("drain_timeout", _non_negative_float, 5.0, "Seconds in-flight requests may take to finish after "
            "SIGTERM/SIGINT; those still running then end with finish_reason abort."),
     Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` on every route but /health and "
            "/metrics. Prefer the environment variable: command lines are visible to other users."),
     Option("allowed_origins", parse_origins, (), "Comma-separated browser origins CORS allows (e.g. "
            "https://app.example.com, or *). Default: none."),
+    Option("allowed_hosts", parse_allowed_hosts, None, "Comma-separated Host header names answered (any port), or "
+           "*. Default: bound to a loopback address, only localhost, 127.0.0.1 and [::1]; bound elsewhere, any."),
+    _engine("grammar_compile_timeout", _positive_float, "Seconds a structured-output grammar may take to "
+            "compile; a request whose grammar takes longer gets HTTP 400."),
+    Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '
+           "call a tool, and --tool-call-parser reads its calls."),
+    Option("tool_call_parser", _optional_str, None, "How tool calls are read from the output of tool_choice \"auto\".",
+           ("hermes", "llama3_json")),
+    Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
+           "message.reasoning_content.", ("qwen3", "deepseek_r1")),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )

@@ -6,7 +6,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from server.api_schema import DetokenizeResponse, TokenizeResponse, errors
-from server.chat import render_chat
+from server.chat_template import render_chat
 from server.context import get_context
 from server.limits import StrictJSONRoute
 from server.protocol import DetokenizeRequest, TokenizeRequest
@@ -32,7 +32,7 @@ async def tokenize(body: TokenizeRequest, raw_request: Request) -> dict[str, Any
 async def detokenize(body: DetokenizeRequest, raw_request: Request) -> dict[str, str]:
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
-    vocab_size = ctx.engine.vocab_size
+    vocab_size = ctx.info.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ValueError(f"token id {bad} is out of vocabulary (valid ids are 0..{vocab_size - 1}).")

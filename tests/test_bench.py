@@ -16,8 +16,15 @@ import numpy as np
 import pytest
 
 from server import bench_serve, bench_throughput
-from server.bench_common import (NANO_MAX_LEN, NANO_MIN_LEN, Workload, device_bandwidth, make_workload,
-                                 percentiles, simulate_floor)
+from server.bench_common import (
+    NANO_MAX_LEN,
+    NANO_MIN_LEN,
+    Workload,
+    device_bandwidth,
+    make_workload,
+    percentiles,
+    simulate_floor,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PHASE_FIELDS = ("schedule", "prepare", "forward", "sample", "postprocess")

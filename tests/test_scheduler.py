@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.block_manager import BlockManager
-from engine.request import Request, Sequence, SeqStatus
+from engine.request import Request, SeqStatus, Sequence
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 

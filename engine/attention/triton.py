@@ -10,8 +10,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from kernels.kv_cache import store_kv_cache
-from kernels.paged_attention import (choose_num_splits, decode_workspace, paged_decode_attention,
-                                     paged_prefill_attention)
+from kernels.paged_attention import choose_num_splits, decode_workspace, paged_decode_attention, paged_prefill_attention
 
 
 def _num_sms(device: torch.device) -> int:

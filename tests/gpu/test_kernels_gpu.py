@@ -11,11 +11,24 @@ from engine.attention.triton import TritonAttentionBackend
 from kernels.activation import silu_and_mul
 from kernels.kv_cache import store_kv_cache, store_kv_cache_ref
 from kernels.norm import fused_add_rms_norm, rms_norm
-from kernels.paged_attention import (decode_workspace, paged_attention_ref, paged_decode_attention,
-                                     paged_prefill_attention)
+from kernels.paged_attention import (
+    decode_workspace,
+    paged_attention_ref,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
 from kernels.rope import apply_rope, apply_rope_ref, cos_sin_cache_from_inv_freq, qk_norm_rope, qk_norm_rope_ref
-from tests.kernels.paged_cases import (DECODE_CASES, PREFILL_CASES, case_id, make_case, make_decode_case,
-                                       make_engine_batch, make_prefill_case, prefill_pairs, rel_err)
+from tests.kernels.paged_cases import (
+    DECODE_CASES,
+    PREFILL_CASES,
+    case_id,
+    make_case,
+    make_decode_case,
+    make_engine_batch,
+    make_prefill_case,
+    prefill_pairs,
+    rel_err,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, DEV, TOL = torch.bfloat16, "cuda", 1e-2

@@ -46,7 +46,8 @@ class _Recorder:
 
 def record_launches() -> list:
     """Calls every public kernel wrapper on meta tensors at H100-like shapes; returns the recorded launches."""
-    from kernels import activation, kv_cache, norm, paged_attention as pa, rope
+    from kernels import activation, kv_cache, norm, rope
+    from kernels import paged_attention as pa
 
     launches: list = []
     modules = {activation: ["_silu_and_mul_kernel"], kv_cache: ["_store_kv_cache_kernel"],

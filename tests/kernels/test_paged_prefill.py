@@ -5,8 +5,16 @@ import pytest
 import torch
 
 from kernels.paged_attention import paged_attention_ref, paged_decode_attention, paged_prefill_attention
-from tests.kernels.paged_cases import (F32, PREFILL_CASES, TOL, case_id, make_case, make_prefill_case,
-                                      prefill_pairs, rel_err)
+from tests.kernels.paged_cases import (
+    F32,
+    PREFILL_CASES,
+    TOL,
+    case_id,
+    make_case,
+    make_prefill_case,
+    prefill_pairs,
+    rel_err,
+)
 
 
 def _run(case, **kw) -> torch.Tensor:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,3 +60,28 @@ async def first_events(client: httpx.AsyncClient, body: dict[str, Any], count: i
                 started.set()
     text = "".join(line + "\n" for line in lines)
     return Outcome(r.status_code, text, r.headers, time.monotonic() - start, True)
+
+
+def engine_pid(server) -> int:
+    """The engine process's pid, from the line the server logs once the engine is ready."""
+    match = re.search(r"engine process pid (\d+)", server.log_tail(200_000))
+    assert match, server.log_tail()
+    return int(match.group(1))
+
+
+def process_gone(pid: int) -> bool:
+    """Exited (a zombie nobody has reaped yet counts as exited: it holds no memory and runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_gone(pid: int, timeout: float) -> float:
+    """Seconds until `pid` exited; fails the test after `timeout`."""
+    start = time.monotonic()
+    while not process_gone(pid):
+        assert time.monotonic() - start < timeout, f"process {pid} still running after {timeout} s"
+        time.sleep(0.02)
+    return time.monotonic() - start

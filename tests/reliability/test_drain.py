@@ -1,6 +1,6 @@
 """SIGTERM drains: /health and new requests get 503 at once (the port stays open), a request that can finish
 within --drain-timeout finishes, those that cannot end with finish_reason "abort" (a stream with a last chunk
-and [DONE], a plain request with its partial text), and the process exits 0."""
+and [DONE], a plain request with its partial text), and both processes (the front end, and the engine it shuts down) exit 0."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.reliability.helpers import Outcome, first_events, long_body, post
+from tests.reliability.helpers import Outcome, engine_pid, first_events, long_body, post, wait_gone
 from tests.server.conftest import MODEL_NAME, start_server
 from tests.server.openapi import assert_valid
 
@@ -73,6 +73,7 @@ def _finish_reasons(outcome: Outcome) -> dict[int, str]:
 
 
 def test_sigterm_drains_then_aborts_and_exits_zero(server) -> None:
+    engine = engine_pid(server)
     (long_stream, long_plain, short), refused, signalled = asyncio.run(_drain(server))
     assert refused == [503, 503]
     # What could finish within the drain timeout did; the rest was cut at the timeout, with "abort".
@@ -82,6 +83,7 @@ def test_sigterm_drains_then_aborts_and_exits_zero(server) -> None:
     partial = long_plain.json()
     assert 0 < partial["usage"]["completion_tokens"] < 16 * 480
     assert server.proc.wait(timeout=30) == 0
+    assert wait_gone(engine, timeout=1.0) < 1.0        # the engine process was shut down, not orphaned
     assert DRAIN_TIMEOUT_S <= time.monotonic() - signalled < DRAIN_TIMEOUT_S + 8
     log = server.log_tail(200_000)
     assert "Traceback" not in log and "drain timeout: aborting 2 request(s)" in log

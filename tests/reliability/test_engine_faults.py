@@ -137,4 +137,4 @@ def test_engine_death_fails_everyone_and_exits_non_zero(server, http: httpx.Clie
     assert server.proc.wait(timeout=30) == 1
     assert time.monotonic() - start < 15
     log = server.log_tail(200_000)
-    assert "engine thread died" in log and "exiting with status 1" in log
+    assert "the engine died" in log and "exiting with status 1" in log

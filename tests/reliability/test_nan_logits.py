@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.sampler import SampleRow, Sampler
+from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 
 V = 16

@@ -91,7 +91,11 @@ BAD_CHATS = {
     "top_logprobs above 20": {"logprobs": True, "top_logprobs": 21},
     "top_logprobs negative": {"logprobs": True, "top_logprobs": -1},
     "n too large": {"n": 500},
-    "json response_format": {"response_format": {"type": "json_object"}},
+    "unknown response_format type": {"response_format": {"type": "xml"}},
+    "tools with tool_choice auto, server without a parser": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    "legacy functions, auto, server without a parser": {"functions": [{"name": "f"}]},
+    "tool call turn with arguments that are not JSON": {"messages": [{"role": "assistant", "content": None,
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
     "json_schema response_format, wrongly nested": {"response_format": {"type": "json_schema", "schema": {}}},
 }
 

@@ -1,75 +1,86 @@
-"""Stand-ins for the engine, so that the HTTP layer can be tested in-process without a model."""
+"""A scripted EngineClient, so that the HTTP layer can be tested in-process without a model or a process."""
 from __future__ import annotations
 
+import asyncio
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from transformers import AutoTokenizer
+
+from engine.messages import AddRequest, StepOutput
+from engine.model_info import ModelInfo, TokenizerSource
+from engine.outputs import EngineStats, RequestDelta
+from server.engine_client import OnDeath, OnOutput
 
 
-class FakeEngine:
-    """The LLMEngine surface the server uses, without a model."""
+def scripted_info() -> ModelInfo:
+    from transformers import AutoTokenizer
+
+    from engine.tiny_model import ensure_tokenizer
+    path = ensure_tokenizer()
+    vocab = len(AutoTokenizer.from_pretrained(str(path)))
+    return ModelInfo("scripted", max_model_len=64, vocab_size=vocab, eos_token_ids=(), num_kv_blocks=65,
+                     block_size=16, max_num_seqs=64, tokenizer=TokenizerSource(str(path)))
+
+
+class ScriptedClient:
+    """Stands in for the engine process: records what the front end asks for; the test, from its own
+    thread (like the engine's), delivers the steps."""
 
     def __init__(self) -> None:
-        from engine.tiny_model import ensure_tokenizer
-        self.tokenizer = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
-        self.model_name = "scripted"
-        self.max_model_len = 64
-        self.vocab_size = len(self.tokenizer)
-        self.default_sampling: dict = {}
-
-    def check_request(self, prompt_token_ids: list[int], params) -> None:
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-
-
-class ScriptedLoop:
-    """Stands in for EngineLoop: records what the front end asks for; the test delivers the steps."""
-
-    def __init__(self, engine: FakeEngine, deliver) -> None:
-        self.engine, self.deliver = engine, deliver
-        self.added: queue.Queue = queue.Queue()
+        self._info = scripted_info()
+        self.tokenizer = self._info.tokenizer.load()
+        self.added: queue.Queue = queue.Queue()       # (request_id, prompt_token_ids, params, arrival_time)
         self.aborts: list[tuple] = []
-        self.error: BaseException | None = None
+        self.faults: list[str] = []
         self._alive = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_output: OnOutput | None = None
+        self._on_death: OnDeath | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
 
     @property
     def alive(self) -> bool:
         return self._alive
 
-    def start(self) -> None:
+    def start(self, on_output: OnOutput, on_death: OnDeath) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_output, self._on_death = on_output, on_death
         self._alive = True
 
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None) -> None:
-        self.engine.check_request(prompt_token_ids, params)
-        self.added.put((request_id, prompt_token_ids, params, arrival_time))
+    def add(self, request: AddRequest) -> None:
+        self.added.put((request.request_id, request.prompt_token_ids, request.params, request.arrival_time))
 
-    def abort(self, request_id, seq_index=None, finish_reason="abort") -> None:
+    def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
         self.aborts.append((request_id, seq_index, finish_reason))
 
-    def shutdown(self, timeout=None) -> None:
+    def arm_fault(self, kind: str) -> None:
+        self.faults.append(kind)
+
+    async def shutdown(self, timeout: float) -> None:
         self._alive = False
+
+    # --- the test's side ---------------------------------------------------------------------------
+    def deliver(self, deltas: list[RequestDelta], stats: EngineStats) -> None:
+        self._loop.call_soon_threadsafe(self._on_output, StepOutput(deltas, stats))
 
     def die(self) -> None:
-        self.error = RuntimeError("simulated engine crash")
         self._alive = False
+        self._loop.call_soon_threadsafe(self._on_death, "simulated engine crash")
 
 
-def scripted_app(**options) -> tuple[FastAPI, list[ScriptedLoop]]:
-    """An app on a FakeEngine whose loop the test drives; `options` go to create_app."""
+def scripted_app(**options) -> tuple[FastAPI, list[ScriptedClient]]:
+    """An app on a ScriptedClient the test drives; `options` go to create_app."""
     from server.app import create_app
-    loops: list[ScriptedLoop] = []
-
-    def factory(engine: FakeEngine, deliver: Callable) -> ScriptedLoop:
-        loops.append(ScriptedLoop(engine, deliver))
-        return loops[0]
-
-    return create_app(FakeEngine(), loop_factory=factory, **options), loops
+    client = ScriptedClient()
+    return create_app(client, **options), [client]
 
 
-def scripted_client(**options) -> Iterator[tuple[TestClient, list[ScriptedLoop]]]:
-    app, loops = scripted_app(**options)
+def scripted_client(**options) -> Iterator[tuple[TestClient, list[ScriptedClient]]]:
+    app, clients = scripted_app(**options)
     with TestClient(app) as client:
-        yield client, loops
+        yield client, clients

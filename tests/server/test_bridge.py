@@ -10,19 +10,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
-from tests.server.fakes import ScriptedLoop, scripted_client
+from tests.server.fakes import ScriptedClient, scripted_client
 from tests.server.sse import parse_sse
 
 
 @pytest.fixture
-def setup() -> Iterator[tuple[TestClient, list[ScriptedLoop]]]:
+def setup() -> Iterator[tuple[TestClient, list[ScriptedClient]]]:
     yield from scripted_client()
 
 
-def _play(loop: ScriptedLoop, steps: list[dict[int, tuple[str, str | None]]]) -> threading.Thread:
+def _play(loop: ScriptedClient, steps: list[dict[int, tuple[str, str | None]]]) -> threading.Thread:
     """In a thread (like the engine's): waits for the request, then delivers one delta per step.
     A step maps sample index -> (token text, finish reason)."""
-    tok = loop.engine.tokenizer
+    tok = loop.tokenizer
 
     def run() -> None:
         request_id, prompt, _, arrival = loop.added.get(timeout=10)

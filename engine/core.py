@@ -1,0 +1,135 @@
+"""The engine process: the engine loop thread, scheduler, KV cache and model, behind two ZMQ sockets.
+
+`run_engine_process` is the child process's entry point (started by server/engine_process.py with the
+spawn method). It builds the engine, sends EngineReady(ModelInfo) or EngineFailed(error), then:
+  - the engine loop thread runs steps and sends one StepOutput per step (engine/loop.py's `deliver`);
+  - this process's main thread reads AddRequest / AbortRequest / ArmFault / Shutdown and hands them to the
+    loop's inbox, and watches the front end: when it is gone (killed, or exited without a Shutdown) the
+    engine exits too, so no orphan keeps holding the GPU.
+SIGINT and SIGTERM are ignored here: a Ctrl-C or a process-group SIGTERM is the front end's to handle (it
+drains, then sends Shutdown), and a front end that dies takes the engine with it within a second.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Protocol
+
+import zmq
+
+from engine import faults
+from engine.config import EngineConfig
+from engine.loop import EngineLoop
+from engine.messages import (
+    AbortRequest,
+    AddRequest,
+    ArmFault,
+    EngineFailed,
+    EngineReady,
+    Shutdown,
+    StepOutput,
+    input_codec,
+    output_codec,
+)
+from engine.model_info import ModelInfo
+from engine.outputs import EngineStats, RequestDelta
+
+logger = logging.getLogger("pagedserve.engine")
+_POLL_MS = 100              # how often the main thread looks at the front end and the loop
+_LINGER_MS = 2000           # a last message (EngineFailed) may take this long to leave at exit
+EXIT_ENGINE_FAILED = 1
+
+
+class Engine(Protocol):
+    """What the engine loop and this process need of an engine (LLMEngine, or a benchmark's stand-in)."""
+    info: ModelInfo
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params, arrival_time=None) -> None: ...
+    def abort_request(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def step(self) -> list[RequestDelta]: ...
+    def stats(self) -> EngineStats: ...
+    def fail_all(self, error: BaseException) -> list[RequestDelta]: ...
+
+
+EngineFactory = Callable[[EngineConfig], Engine]
+
+
+def describe(exc: BaseException) -> str:
+    """An engine start failure as an operator reads it: a user's mistake by its message alone."""
+    if isinstance(exc, (ValueError, FileNotFoundError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _build_engine(config: EngineConfig) -> Engine:
+    from engine.engine import LLMEngine
+    return LLMEngine(config)
+
+
+def run_engine_process(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int,
+                       log_level: str = "info", engine_factory: EngineFactory | None = None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx = zmq.Context()
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, _LINGER_MS)
+    out.connect(output_addr)
+    inp = ctx.socket(zmq.PULL)
+    inp.setsockopt(zmq.LINGER, 0)
+    inp.connect(input_addr)
+    encoder, _ = output_codec()
+    try:
+        engine = (engine_factory or _build_engine)(config)
+    except Exception as exc:
+        if not isinstance(exc, (ValueError, FileNotFoundError, OSError)):
+            logger.exception("the engine failed to start")
+        out.send(encoder.encode(EngineFailed(describe(exc))))
+        ctx.destroy(linger=_LINGER_MS)
+        sys.exit(EXIT_ENGINE_FAILED)
+    injector = faults.FaultInjector(engine) if faults.enabled() else None
+
+    def deliver(deltas: list[RequestDelta], stats: EngineStats) -> None:   # on the loop thread
+        out.send(encoder.encode(StepOutput(deltas, stats)), copy=False)
+
+    def on_death(error: BaseException) -> None:   # on the loop thread, right after the failed requests
+        out.send(encoder.encode(EngineFailed(f"the engine loop died: {describe(error)}")))
+
+    loop = EngineLoop(engine, deliver, on_death)
+    out.send(encoder.encode(EngineReady(engine.info)))
+    loop.start()
+    code = _serve_inputs(inp, loop, injector, parent_pid)
+    loop.shutdown(timeout=5.0)
+    ctx.destroy(linger=_LINGER_MS if os.getppid() == parent_pid else 0)
+    sys.exit(code)
+
+
+def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjector | None, parent_pid: int) -> int:
+    """Feeds the loop until Shutdown (0), the loop's death (1) or the front end's disappearance (0)."""
+    _, decoder = input_codec()
+    while True:
+        if inp.poll(_POLL_MS):
+            while True:
+                try:
+                    msg = decoder.decode(inp.recv(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+                if isinstance(msg, AddRequest):
+                    loop.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time)
+                elif isinstance(msg, AbortRequest):
+                    loop.abort(msg.request_id, msg.seq_index, msg.finish_reason)
+                elif isinstance(msg, ArmFault):
+                    if injector is not None:
+                        injector.arm(msg.kind)
+                elif isinstance(msg, Shutdown):
+                    logger.info("engine process: shutdown requested")
+                    return 0
+        if not loop.alive:
+            return EXIT_ENGINE_FAILED
+        if os.getppid() != parent_pid:
+            logger.error("engine process: the front end (pid %d) is gone; exiting", parent_pid)
+            return 0

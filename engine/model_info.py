@@ -1,0 +1,84 @@
+"""ModelInfo: what the front end may know about a loaded engine, frozen, and the checks made at the door.
+
+The engine process sends one ModelInfo when it is ready; the front end never looks at the live engine.
+Everything a request is validated against (context length, vocabulary, KV capacity) is here, so the
+HTTP server and the offline LLM refuse the same requests with the same messages, before any is submitted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+from engine.structured.grammar import check_structured
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class TokenizerSource(msgspec.Struct, frozen=True):
+    """Where the front end loads the model's tokenizer from: a Hugging Face checkpoint directory, or the
+    directory and file name of a GGUF checkpoint (the tokenizer is embedded in the file)."""
+    path: str
+    gguf_file: str | None = None
+
+    @classmethod
+    def of(cls, model_path: str | Path) -> "TokenizerSource":
+        from engine.gguf_loader import is_gguf
+        path = Path(model_path)
+        return cls(str(path.parent), path.name) if is_gguf(path) else cls(str(path))
+
+    def load(self) -> PreTrainedTokenizerBase:
+        """The same loaders the engine uses, so both processes see the same tokenizer."""
+        from engine import gguf_loader, loader
+        if self.gguf_file is not None:
+            return gguf_loader.load_tokenizer(Path(self.path) / self.gguf_file)
+        return loader.load_tokenizer(Path(self.path))
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    model_name: str                    # what --model named
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    num_kv_blocks: int                 # block 0 is reserved: num_kv_blocks - 1 are usable
+    block_size: int
+    max_num_seqs: int
+    tokenizer: TokenizerSource
+    # Sampling defaults from generation_config.json (temperature, top_p, ...): the fields a request omits.
+    default_sampling: dict[str, int | float] = {}
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "torch"
+    cuda_graphs: bool = False          # decode steps replay CUDA graphs
+    device_name: str = ""              # e.g. "NVIDIA H100 80GB HBM3"
+    weight_bytes: int = 0              # weights one decode step reads (engine/device_info.py)
+    kv_bytes_per_token: int = 0
+    memory_bandwidth: float | None = None   # bytes/s of device memory; None on a CPU
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return (self.num_kv_blocks - 1) * self.block_size
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError (HTTP 400) for a request that can never run."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty; give at least one token.")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
+        params.check_vocab(self.vocab_size)
+        if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
+            check_structured(params.structured_outputs)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len or max_tokens < 1:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
+                f"Please reduce the prompt or max_tokens.")
+        blocks = -(-(n + max_tokens) // self.block_size)
+        if blocks > self.num_kv_blocks - 1:
+            raise ValueError(f"the request needs {blocks} KV blocks but the cache holds only "
+                             f"{self.num_kv_blocks - 1}; shorten the prompt or max_tokens.")

@@ -1,0 +1,48 @@
+"""What one chat request becomes before it reaches the engine: its prompt (tools and chat_template_kwargs
+rendered by the template), its output constraint, and how its output is read back (ChatOutputFormat)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.structured import StructuredOutputs
+from server.chat_output import ChatOutputFormat
+from server.chat_template import render_chat_text
+from server.protocol import ChatCompletionRequest
+from server.reasoning import THINK_END, reasoning_closed_in_prompt, starts_in_reasoning
+from server.structured_request import legacy_functions, tool_constraint
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The server flags that shape chat output."""
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
+@dataclass
+class ChatPlan:
+    prompt: list[int]
+    constraint: StructuredOutputs | None
+    output: ChatOutputFormat
+
+
+def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions) -> ChatPlan:
+    tools, choice = body.tools, body.tool_choice
+    if body.functions is not None or body.function_call is not None:
+        tools, choice = legacy_functions(body.functions, body.function_call)
+        tools = tools if tools is not None else body.tools
+    auto_ok = options.enable_auto_tool_choice and options.tool_call_parser is not None
+    tool_so, mode = tool_constraint(tools, choice, body.parallel_tool_calls, auto_ok)
+    constraint = body.constraint(tool_choice=tool_so)
+    rendered = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    text = render_chat_text(tokenizer, body.messages, body.add_generation_prompt, rendered, body.chat_template_kwargs)
+    in_reasoning = None
+    if options.reasoning_parser is not None:
+        in_reasoning = starts_in_reasoning(options.reasoning_parser, text)
+        if constraint is not None and not reasoning_closed_in_prompt(text):
+            # The model thinks first: the constraint starts after it wrote </think>.
+            constraint = replace(constraint, enable_after=tokenizer.encode(THINK_END, add_special_tokens=False))
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ChatPlan(prompt, constraint, ChatOutputFormat(mode, options.tool_call_parser, in_reasoning))
