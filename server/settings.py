@@ -148,6 +148,9 @@ OPTIONS: tuple[Option, ...] = (
            ("hermes", "llama3_json")),
     Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
            "message.reasoning_content.", ("qwen3", "deepseek_r1")),
+    Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
+    Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
+           "dashboard (anyone with access to it can read them)."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )
@@ -175,6 +178,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
                                 default=argparse.SUPPRESS, help=help_text)
+
+
+def add_option_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...],
+                         defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+    """Flags for the named options with ordinary defaults (other commands, e.g. `pagedserve bench`, that take
+    some of serve's options without its env/file layers)."""
+    for name in names:
+        opt = _BY_NAME[name]
+        default = (defaults or {}).get(name, opt.default)
+        help_text = f"{(helps or {}).get(name, opt.help)} Default: {default}."
+        if opt.convert is parse_bool:
+            parser.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
+                                default=default, help=help_text)
 
 
 @dataclass(frozen=True)

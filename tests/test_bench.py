@@ -15,8 +15,9 @@ import httpx
 import numpy as np
 import pytest
 
-from server import bench_serve, bench_throughput
-from server.bench_common import (
+from server.bench import serve as bench_serve
+from server.bench import throughput as bench_throughput
+from server.bench.common import (
     NANO_MAX_LEN,
     NANO_MIN_LEN,
     Workload,
