@@ -34,6 +34,7 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst), drained by the runner
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.num_cached_free = 0               # free blocks that still hold a hash (kept up to date, O(1))
 
     @property
     def num_usable_blocks(self) -> int:
@@ -46,11 +47,16 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
+
     # allocation -----------------------------------------------------------------------------------
     def _take_free(self) -> int:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:   # evict: its content is about to be overwritten
+            self.num_cached_free -= 1
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
             block.hash, block.token_ids = None, ()
@@ -61,6 +67,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self.free[block_id]
+            self.num_cached_free -= block.hash is not None
         block.ref_count += 1
 
     def _unref(self, block_id: int) -> None:
@@ -69,6 +76,7 @@ class BlockManager:
         block.ref_count -= 1
         if block.ref_count == 0:
             self.free[block_id] = None
+            self.num_cached_free += block.hash is not None
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)

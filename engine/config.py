@@ -5,13 +5,25 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.default_model import DEFAULT_MODEL
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+
+
+def cpu_auto_dtype() -> str:
+    """bf16 where the CPU multiplies bf16 matrices faster than fp32 ones: with AMX tiles. With AVX-512 BF16
+    alone (no AMX) oneDNN's bf16 GEMMs ran at about half of MKL's fp32 speed on our Xeon (docs/benchmarks.md),
+    so fp32 is the faster choice there."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return "bfloat16" if amx() else "float32"
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny-random"
+    # A built-in name (SmolLM2-135M-Instruct, tiny-random), a .gguf file or an HF checkpoint directory;
+    # see engine.default_model.resolve.
+    model: str = DEFAULT_MODEL
     device: str = "auto"              # "cpu" | "cuda" | "auto"
     dtype: str = "auto"               # "float32" | "float16" | "bfloat16" | "auto"
     max_num_seqs: int = 64
@@ -51,7 +63,7 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
 
-    def resolved(self) -> "EngineConfig":
+    def resolved(self) -> EngineConfig:
         """Replace every 'auto' by the concrete choice for this machine."""
         device = self.device
         if device == "auto":
@@ -60,10 +72,10 @@ class EngineConfig:
             raise ValueError("device 'cuda' was asked for but no CUDA device is available; use --device cpu.")
         dtype = self.dtype
         if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+            dtype = "bfloat16" if device.startswith("cuda") else cpu_auto_dtype()
         backend = self.attention_backend
         if backend == "auto":
-            backend = "triton" if device.startswith("cuda") else "torch"
+            backend = "triton" if device.startswith("cuda") else "cpu"
         overlap = device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
         return replace(self, device=device, dtype=dtype, attention_backend=backend, async_scheduling=overlap)
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from engine import loader
+from engine import device_info, loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
 from engine.kv_sizing import choose_num_blocks
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, RequestDelta, SequenceDelta, TokenLogprob
+from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
 from engine.request import Request, SeqStatus, Sequence
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
@@ -67,14 +67,20 @@ class LLMEngine:
         if cfg.attention_backend == "triton":
             self.model.use_triton_kernels()
         self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
-        self.info = ModelInfo(self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids),
-                              self.num_kv_blocks, cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir),
-                              dict(self.default_sampling), cfg.device, cfg.dtype, cfg.attention_backend)
         graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
                                   cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)
         if self.runner.graphs is not None:
             self.runner.graphs.capture()
+        self.info = ModelInfo(
+            self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
+            cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
+            cfg.device, cfg.dtype, cfg.attention_backend,
+            cuda_graphs=self.runner.graphs is not None and self.runner.graphs.use_graphs,
+            device_name=device_info.device_name(self.device),
+            weight_bytes=device_info.weight_bytes_per_step(self.model),
+            kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
+            memory_bandwidth=device_info.memory_bandwidth(self.device))
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
@@ -88,6 +94,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._record_timings = False
         self.step_timings: list[StepTiming] = []
+        self._last_step: StepStats | None = None     # for the next stats(): the dashboard's per-step view
         log.info("engine ready: model=%s device=%s dtype=%s backend=%s kv_blocks=%d (%d tokens) max_model_len=%d",
                  cfg.model, cfg.device, cfg.dtype, cfg.attention_backend, self.num_kv_blocks,
                  (self.num_kv_blocks - 1) * cfg.block_size, self.max_model_len)
@@ -162,8 +169,10 @@ class LLMEngine:
         running = {id(s.request) for s in self.scheduler.running}
         waiting = {id(s.request) for s in self.scheduler.waiting} - running
         bm = self.block_manager
+        step, self._last_step = self._last_step, None
         return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
-                           bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds())
+                           bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
+                           bm.num_used_blocks, bm.num_cached_free, step)
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
@@ -180,6 +189,7 @@ class LLMEngine:
             self.in_flight = None
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        preempted, self.scheduler.preempted = self.scheduler.preempted, []
         launched = None
         if sched.scheduled:
             try:
@@ -193,6 +203,9 @@ class LLMEngine:
         if launched is not None and not self.overlap:
             deltas += self._resolve(launched)
             self.in_flight = None
+        step = launched.step if launched is not None else StepStats(0.0, 0, 0, 0)
+        step.seconds, step.preempted = time.perf_counter() - t0, preempted
+        self._last_step = step
         return deltas
 
     def _needs_host_tokens(self) -> bool:
@@ -207,10 +220,18 @@ class LLMEngine:
                 item.seq.request.timings.first_scheduled_time = now
         inputs = self.runner.build_inputs(sched)  # placeholders in it are filled on the device (overlap)
         sampling: list[Sequence] = []
+        step = StepStats(0.0, 0, 0, 0)
         for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            step.num_context_tokens += seq.num_computed_tokens
+            if item.num_new_tokens == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
+                step.num_decode_seqs += 1
+            else:   # a prompt chunk, or tokens recomputed after a preemption
+                step.num_prefill_tokens += item.num_new_tokens
+                step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                sampling.append(item.seq)
+                sampling.append(seq)
         rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
@@ -230,7 +251,7 @@ class LLMEngine:
             torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st)
         prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
-        launched.schedule_s, launched.prepare_s = t1 - t0, prepare_s
+        launched.schedule_s, launched.prepare_s, launched.step = t1 - t0, prepare_s, step
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:

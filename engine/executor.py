@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model_runner import ModelRunner, StepInputs
+from engine.outputs import StepStats
 from engine.request import Sequence
 from engine.sampler import Sampler, SamplingTensors
 from engine.scheduler import SchedulerOutput
@@ -38,6 +39,7 @@ class LaunchedStep:
     future: Future
     schedule_s: float = 0.0
     prepare_s: float = 0.0
+    step: StepStats | None = None            # what the step computes, for the engine's stats
 
 
 @dataclass

@@ -52,6 +52,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str = "torch"
+    cuda_graphs: bool = False          # decode steps replay CUDA graphs
+    device_name: str = ""              # e.g. "NVIDIA H100 80GB HBM3"
+    weight_bytes: int = 0              # weights one decode step reads (engine/device_info.py)
+    kv_bytes_per_token: int = 0
+    memory_bandwidth: float | None = None   # bytes/s of device memory; None on a CPU
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -47,8 +47,19 @@ class RequestDelta(msgspec.Struct, array_like=True):
     error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
 
 
+class StepStats(msgspec.Struct, array_like=True):
+    """The step the engine just launched: what it computed and how long the step() call took (with overlap
+    that call also waits for the previous batch, so in a steady state it is the step period)."""
+    seconds: float
+    num_prefill_tokens: int            # prompt (or recomputed) tokens of the chunks in the step
+    num_decode_seqs: int               # sequences decoding one token
+    num_context_tokens: int            # sum of seq_lens: the KV tokens attention reads
+    prefill_chunks: list[tuple[str, int]] = []   # (request_id, tokens) of each prefill chunk
+    preempted: list[str] = []          # request ids preempted while scheduling it
+
+
 class EngineStats(msgspec.Struct, array_like=True):
-    """Scheduler state after a step, for /metrics."""
+    """Scheduler state after a step, for /metrics and the dashboard."""
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0        # 0..1, allocated blocks / usable blocks
@@ -56,6 +67,9 @@ class EngineStats(msgspec.Struct, array_like=True):
     prefix_cache_queries_total: int = 0  # prompt tokens looked up
     prefix_cache_hits_total: int = 0     # prompt tokens found
     grammar_compile_seconds: list[float] = msgspec.field(default_factory=list)   # compiles finished since last stats
+    kv_blocks_used: int = 0            # held by requests (the rest of the usable blocks are free)
+    kv_blocks_cached: int = 0          # free, but still holding a reusable prefix (evicted last-freed-last)
+    step: StepStats | None = None      # None when no step ran (only requests were added or aborted)
 
 
 @dataclass

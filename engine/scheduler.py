@@ -46,6 +46,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.preempted: list[str] = []     # request ids preempted since the engine last drained them
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -116,6 +117,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preempted.append(seq.request.request_id)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
         """Free a sequence's blocks and take it out of the queues (finish or abort)."""

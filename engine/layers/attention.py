@@ -30,7 +30,10 @@ def make_backend(name: str, **kwargs) -> AttentionBackend:
     if name == "torch":
         from engine.attention.torch_ref import TorchAttentionBackend
         return TorchAttentionBackend()
+    if name == "cpu":
+        from engine.attention.cpu import CpuAttentionBackend
+        return CpuAttentionBackend()
     if name == "triton":
         from engine.attention.triton import TritonAttentionBackend
         return TritonAttentionBackend(**kwargs)
-    raise ValueError(f"unknown attention backend {name!r} (choose torch or triton).")
+    raise ValueError(f"unknown attention backend {name!r} (choose cpu, torch or triton).")

@@ -13,7 +13,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from server.bench_common import (
+from engine import device_info
+from engine.device_info import weight_bytes_per_step
+from server.bench.common import (
     WORKLOADS,
     BandwidthFloor,
     Workload,
@@ -24,6 +26,7 @@ from server.bench_common import (
     simulate_floor,
     write_json,
 )
+from server.settings import add_option_arguments
 
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 BUSY_STEP_SEQS = 64     # "busy" steps: the regime where host overhead per step matters most
@@ -40,24 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json-out", default=None, metavar="FILE")
 
 
+ENGINE_OPTIONS = ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
+                  "max_model_len", "gpu_memory_utilization", "enforce_eager", "attention_backend", "async_scheduling")
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags of `pagedserve serve` (one options table, server/settings.py), with defaults sized
+    for a throughput run."""
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--model", default="tiny-random",
-                        help="checkpoint dir, 'tiny-random', or a shape name (qwen3-0.6b, llama-3.2-1b): a "
-                             "random-weight bf16 checkpoint of that shape, built once into the cache dir")
-    engine.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    engine.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    engine.add_argument("--max-num-seqs", type=int, default=256)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--num-kv-blocks", type=int, default=None)
-    engine.add_argument("--max-model-len", type=int, default=None,
-                        help="default: the workload's longest prompt + output")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    engine.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    engine.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
-    engine.add_argument("--async-scheduling", default=None, action=argparse.BooleanOptionalAction,
-                        help="prepare step N+1 while step N runs (default: on for CUDA, off on CPU)")
+    add_option_arguments(engine, ENGINE_OPTIONS, defaults={
+        "model": "tiny-random", "max_num_seqs": 256, "max_num_batched_tokens": 8192}, helps={
+        "model": "checkpoint dir, .gguf file, 'tiny-random', or a shape name (qwen3-0.6b, llama-3.2-1b): a "
+                 "random-weight bf16 checkpoint of that shape, built once into the cache dir",
+        "max_model_len": "default: the workload's longest prompt + output"})
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,31 +187,12 @@ def _host_seconds(timing) -> float:
     return host if host is not None else sum(getattr(timing, p) for p in PHASES if p != "forward")
 
 
-def weight_bytes_per_step(model) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied ones once), except an
-    untied input embedding, of which a step gathers only a few rows."""
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        seen[id(p)] = p.numel() * p.element_size()
-    embed, head = model.embed_tokens.weight, model.lm_head.weight
-    if embed is not head and embed.data_ptr() != head.data_ptr():
-        seen.pop(id(embed), None)
-    return sum(seen.values())
-
-
 def kv_bytes_per_token(engine) -> int:
-    cfg = engine.model.config
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.runner.kv_cache.element_size()
+    return device_info.kv_bytes_per_token(engine.model, engine.runner.kv_cache.dtype)
 
 
 def device_name(engine) -> str:
-    import torch
-
-    if engine.device.type == "cuda":
-        return torch.cuda.get_device_name(engine.device)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()})"
+    return device_info.device_name(engine.device)
 
 
 def bandwidth_floor(engine, workload: Workload, bandwidth: float | None) -> BandwidthFloor | None:

@@ -16,18 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from engine.device_info import HBM_BANDWIDTH, device_bandwidth  # noqa: F401  (the benchmarks' names)
+
 # nano-vllm's benchmark: 256 requests, prompt and output lengths each uniform in [100, 1024].
 NANO_NUM_PROMPTS = 256
 NANO_MIN_LEN, NANO_MAX_LEN = 100, 1024
 WORKLOADS = ("nano", "random")
-
-# Measured device-to-device copy ceilings (bytes/s), not the datasheet peaks: the floor should be a
-# bound a real kernel can approach. Matched against torch.cuda.get_device_name(), first hit wins.
-HBM_BANDWIDTH: tuple[tuple[str, float], ...] = (
-    ("H200", 4.0e12),
-    ("H100", 3.0e12),
-    ("A100", 1.6e12),
-)
 
 
 # ------------------------------------------------------------------------------------------- workload
@@ -178,16 +172,6 @@ def simulate_floor(prompt_lens: list[int], output_lens: list[int], max_num_seqs:
         remaining[running] -= d
         running = running[remaining[running] > 0]
     return BandwidthFloor(total_bytes, steps, total_bytes / bandwidth, int(sum(output_lens)), bandwidth)
-
-
-def device_bandwidth(device_name: str | None) -> float | None:
-    """Measured HBM copy bandwidth for a known GPU name, None when unknown (or a CPU)."""
-    if not device_name:
-        return None
-    for key, value in HBM_BANDWIDTH:
-        if key.lower() in device_name.lower():
-            return value
-    return None
 
 
 # ------------------------------------------------------------------------------------------ reporting

@@ -1,0 +1,67 @@
+"""Builds engine/attention/cpu_kernel.cpp once per machine and loads it with ctypes.
+
+The kernel is plain C++ with OpenMP (no torch headers), so it compiles in about a second; it is compiled
+with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the source,
+the flags and the CPU's feature list. Without a C++ compiler the CPU backend falls back to the torch
+reference (a warning says so).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from engine.tiny_model import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+def _cpu_features() -> str:
+    """The flags line of /proc/cpuinfo: -march=native code must not move to a CPU without them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _compile(out: Path) -> None:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (c++ or g++) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp_out)], check=True, capture_output=True,
+                       text=True)
+        os.replace(tmp_out, out)  # atomic: concurrent builders each publish a whole file
+
+
+@functools.cache
+def load_kernel() -> ctypes.CDLL | None:
+    """The compiled kernel library, or None when it cannot be built here."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_features().encode())
+    path = cache_dir() / "kernels" / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.exists():
+            _compile(path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        log.warning("CPU attention kernel unavailable (%s); using the torch reference backend", detail)
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int  # pointers are tensors' data_ptr()
+    lib.paged_attention.restype = i
+    lib.paged_attention.argtypes = [p, p, p, p, p, ctypes.c_int64, p, p, i, i, i, i, i, ctypes.c_float, i]
+    return lib

@@ -1,0 +1,208 @@
+// Paged attention for CPU that reads K/V in place through the block tables (no dense copies).
+//
+// One work item = (sequence, KV head, tile of query tokens). Its rows are the tile's tokens times the query
+// heads sharing that KV head (GQA), so each K/V vector is loaded (and for bf16 converted) once for all of them.
+// Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
+// products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
+// keys 0..context_len + i. Built by engine/attention/cpu_build.py with -O3 -march=native -ffast-math -fopenmp;
+// OpenMP resolves to the runtime torch already loaded, so it shares torch's thread count.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int KC = 16;        // keys per chunk: one AVX-512 register of fp32 scores
+constexpr int MAX_D = 256;    // largest head_dim
+constexpr int MAX_ROWS = 64;  // rows per work item (tile tokens x group)
+constexpr float NEG = -1e30f; // finite "minus infinity": -ffast-math assumes no infinities
+
+inline float load(const float* p) { return *p; }
+inline float load(const uint16_t* p) {  // bfloat16 -> fp32 is a shift
+  uint32_t u = static_cast<uint32_t>(*p) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store(float* p, float f) { *p = f; }
+inline void store(uint16_t* p, float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+
+// dot and axpy over one head vector. Written with AVX-512 intrinsics where the CPU has them (head_dim a
+// multiple of 16): left to itself the compiler fuses neighbouring calls into one scalar loop.
+#ifdef __AVX512F__
+inline float dot(const float* __restrict x, const float* __restrict y, int n) {
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+inline void axpy(float* __restrict y, const float* __restrict x, float a, int n) {
+  if (n % 16 == 0) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16)
+      _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    return;
+  }
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+#else
+inline float dot(const float* __restrict x, const float* __restrict y, int n) {
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+inline void axpy(float* __restrict y, const float* __restrict x, float a, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+
+struct Args {
+  const void* q; const void* k_cache; const void* v_cache; void* out;
+  const int32_t* block_tables; int64_t bt_stride;
+  const int32_t* seq_lens; const int32_t* cu_seqlens_q;
+  int num_heads, num_kv_heads, head_dim, block_size;
+  float scale;
+};
+
+struct Item { int seq, kv_head, q_begin, q_end; };
+
+// Pointers to KC consecutive keys (or values) of one KV head, as fp32 rows: straight into the cache for fp32,
+// converted into buf for bf16 (one contiguous, vectorized conversion per vector).
+inline void rows_of(const float* cache, const int64_t* off, int nk, int D, float (*)[MAX_D], const float** out) {
+  for (int t = 0; t < nk; ++t) out[t] = cache + off[t];
+}
+inline void rows_of(const uint16_t* cache, const int64_t* off, int nk, int D, float (*buf)[MAX_D],
+                    const float** out) {
+  for (int t = 0; t < nk; ++t) {
+    const uint16_t* src = cache + off[t];
+    for (int d = 0; d < D; ++d) buf[t][d] = load(src + d);
+    out[t] = buf[t];
+  }
+}
+
+template <typename T>
+void run_item(const Args& a, const Item& it) {
+  const int D = a.head_dim, G = a.num_heads / a.num_kv_heads, Hkv = a.num_kv_heads;
+  const int seq_len = a.seq_lens[it.seq];
+  const int q0 = a.cu_seqlens_q[it.seq];
+  const int context = seq_len - (a.cu_seqlens_q[it.seq + 1] - q0);
+  const int rows = (it.q_end - it.q_begin) * G;
+  const T* q = static_cast<const T*>(a.q);
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
+  const int32_t* bt = a.block_tables + it.seq * a.bt_stride;
+
+  alignas(64) float qs[MAX_ROWS][MAX_D];
+  alignas(64) float acc[MAX_ROWS][MAX_D];
+  alignas(64) float kbuf[KC][MAX_D];
+  alignas(64) float vbuf[KC][MAX_D];
+  float m[MAX_ROWS], l[MAX_ROWS];
+  int limit[MAX_ROWS];  // last visible key of each row
+  for (int r = 0; r < rows; ++r) {
+    const int tok = it.q_begin + r / G, head = it.kv_head * G + r % G;
+    const T* src = q + (static_cast<int64_t>(q0 + tok) * a.num_heads + head) * D;
+    for (int d = 0; d < D; ++d) qs[r][d] = load(src + d) * a.scale;
+    for (int d = 0; d < D; ++d) acc[r][d] = 0.f;
+    m[r] = NEG;
+    l[r] = 0.f;
+    limit[r] = context + tok;
+  }
+  const int n_keys = context + it.q_end;  // keys the last token of the tile sees
+  int64_t off[KC];
+  const float* kp[KC];
+  const float* vp[KC];
+  for (int j0 = 0; j0 < n_keys; j0 += KC) {
+    const int nk = n_keys - j0 < KC ? n_keys - j0 : KC;
+    for (int t = 0; t < nk; ++t) {
+      const int j = j0 + t;
+      const int64_t slot = static_cast<int64_t>(bt[j / a.block_size]) * a.block_size + j % a.block_size;
+      off[t] = (slot * Hkv + it.kv_head) * D;
+    }
+    rows_of(kc, off, nk, D, kbuf, kp);
+    rows_of(vc, off, nk, D, vbuf, vp);
+    for (int r = 0; r < rows; ++r) {
+      int visible = limit[r] - j0 + 1;  // keys of this chunk the row sees
+      if (visible <= 0) continue;
+      if (visible > nk) visible = nk;
+      float s[KC];
+      const float* qr = qs[r];
+      float mx = m[r];
+      for (int t = 0; t < visible; ++t) {
+        s[t] = dot(qr, kp[t], D);
+        mx = s[t] > mx ? s[t] : mx;
+      }
+      const float corr = std::exp(m[r] - mx);
+      float sum = 0.f;
+      for (int t = 0; t < visible; ++t) {
+        s[t] = std::exp(s[t] - mx);
+        sum += s[t];
+      }
+      l[r] = l[r] * corr + sum;
+      m[r] = mx;
+      float* ar = acc[r];
+      for (int d = 0; d < D; ++d) ar[d] *= corr;
+      for (int t = 0; t < visible; ++t) axpy(ar, vp[t], s[t], D);
+    }
+  }
+  T* out = static_cast<T*>(a.out);
+  for (int r = 0; r < rows; ++r) {
+    const int tok = it.q_begin + r / G, head = it.kv_head * G + r % G;
+    T* dst = out + (static_cast<int64_t>(q0 + tok) * a.num_heads + head) * D;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int d = 0; d < D; ++d) store(dst + d, acc[r][d] * inv);
+  }
+}
+
+template <typename T>
+void run(const Args& a, int num_seqs) {
+  const int G = a.num_heads / a.num_kv_heads;
+  const int tile = MAX_ROWS / G;
+  std::vector<Item> items;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int q_len = a.cu_seqlens_q[s + 1] - a.cu_seqlens_q[s];
+    if (a.seq_lens[s] == 0 || q_len <= 0) {  // padding row: defined as zeros
+      T* out = static_cast<T*>(a.out);
+      const int64_t n = static_cast<int64_t>(q_len > 0 ? q_len : 0) * a.num_heads * a.head_dim;
+      const int64_t base = static_cast<int64_t>(a.cu_seqlens_q[s]) * a.num_heads * a.head_dim;
+      for (int64_t i = 0; i < n; ++i) store(out + base + i, 0.f);
+      continue;
+    }
+    // Later tiles see more keys: put them first so the dynamic schedule ends balanced.
+    for (int b = ((q_len - 1) / tile) * tile; b >= 0; b -= tile)
+      for (int h = 0; h < a.num_kv_heads; ++h)
+        items.push_back({s, h, b, b + tile < q_len ? b + tile : q_len});
+  }
+  const int64_t n = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) run_item<T>(a, items[i]);
+}
+
+}  // namespace
+
+extern "C" int paged_attention(const void* q, const void* k_cache, const void* v_cache, void* out,
+                               const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                               const int32_t* cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads,
+                               int head_dim, int block_size, float scale, int is_bf16) {
+  if (head_dim > MAX_D || num_kv_heads < 1 || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_ROWS)
+    return 1;
+  const Args a{q, k_cache, v_cache, out, block_tables, bt_stride, seq_lens, cu_seqlens_q,
+               num_heads, num_kv_heads, head_dim, block_size, scale};
+  if (is_bf16)
+    run<uint16_t>(a, num_seqs);
+  else
+    run<float>(a, num_seqs);
+  return 0;
+}
