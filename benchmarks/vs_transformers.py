@@ -24,8 +24,8 @@ if __package__ in (None, ""):   # run as a script: make the repository's package
 import torch  # noqa: E402
 
 from engine.default_model import resolve_model  # noqa: E402
-from server import bench_throughput as bt  # noqa: E402
-from server.bench_common import Workload, make_workload, resolve_bench_model, write_json  # noqa: E402
+from server.bench import throughput as bt  # noqa: E402
+from server.bench.common import Workload, make_workload, resolve_bench_model, write_json  # noqa: E402
 
 
 @dataclass

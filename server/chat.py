@@ -61,10 +61,11 @@ class _ChatView:
 
     def events(self, stream: GenerationStream) -> AsyncIterator[str]:
         fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name)
-        # The first chunk of each choice announces the role, as OpenAI's stream does.
+        # The first chunk of each choice announces the role, as OpenAI's stream does. It goes out with the
+        # first tokens, not before the prefill: clients time the first token from the first chunk (vLLM too).
         role = "".join(fmt.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
                                   "finish_reason": None}) for c in stream.choices)
-        return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, first=role)
+        return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, with_first_update=role)
 
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not (d.text or d.finish_reason or (d.token_ids and self.body.logprobs)):

@@ -29,13 +29,15 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
 
 
 def register_bench(subparsers: argparse._SubParsersAction) -> None:
-    from server import bench_serve, bench_throughput
-    bench = subparsers.add_parser("bench", help="Benchmarks: offline throughput, or a client against a server.")
-    kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for name, module in (("throughput", bench_throughput), ("serve", bench_serve)):
-        parser = kinds.add_parser(name, help=module.__doc__.strip().splitlines()[0])
-        module.add_arguments(parser)
-        parser.set_defaults(func=module.main)
+    # Listed here for `pagedserve --help`; its own parser lives in server/bench/, imported only when
+    # `pagedserve bench ...` runs (main() hands it the rest of the command line).
+    subparsers.add_parser("bench", help="Benchmarks: offline throughput, or a client against a server.",
+                          add_help=False)
+
+
+def run_bench(argv: list[str]) -> int:
+    from server import bench
+    return bench.main(argv)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [register_serve, register_bench]
@@ -68,6 +70,7 @@ def chat_options(settings: ServeSettings):
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from server import faults
     from server.app import create_app
+    from server.dashboard.collector import DashboardOptions
     from server.engine_process import EngineStartupError, ProcessEngineClient
     from server.process import exit_now, run_server
     from server.security import default_allowed_hosts
@@ -89,7 +92,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
-                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host))
+                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))
@@ -107,6 +111,9 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -112,13 +112,26 @@ class StrictJSONRequest(Request):
         return self._json
 
 
+def check_json_content_type(request: Request) -> None:
+    """Without `Content-Type: application/json` FastAPI would not parse the body as JSON and would answer with
+    a puzzling validation error (curl -d sends application/x-www-form-urlencoded): say what to send instead."""
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        got = f"Content-Type {content_type!r}" if content_type else "no Content-Type header"
+        raise HTTPException(400, f"Send the request body as JSON with the header Content-Type: application/json "
+                                 f"(this request has {got}).")
+
+
 class StrictJSONRoute(APIRoute):
-    """A FastAPI route whose JSON body is parsed by `parse_json_body`."""
+    """A FastAPI route whose JSON body is parsed by `parse_json_body`, and must be declared JSON."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def strict_handler(request: Request) -> Response:
+            if request.method in ("POST", "PUT", "PATCH"):
+                check_json_content_type(request)
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict_handler

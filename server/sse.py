@@ -58,15 +58,18 @@ class ChunkFormat:
 
 async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
                         render: Callable[[ChoiceDelta], dict[str, Any] | None], include_usage: bool,
-                        first: str = "") -> AsyncIterator[str]:
-    """The body of a completions or chat stream: `first` (role or echo chunks), one chunk per choice update
-    that `render` keeps, the usage chunk when asked for, then [DONE]. A failure after the stream started
-    is reported in-band, as an error event."""
+                        first: str = "", with_first_update: str = "") -> AsyncIterator[str]:
+    """The body of a completions or chat stream: `first` (echo chunks) at once, `with_first_update` (chat's
+    role chunks) in front of the first update, one chunk per choice update that `render` keeps, the usage
+    chunk when asked for, then [DONE]. A failure after the stream started is reported in-band, as an error
+    event."""
     try:
         if first:
             yield first
+        pending = with_first_update
         async for deltas in stream.updates():
-            yield "".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
+            yield pending + "".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
+            pending = ""
         if include_usage:
             yield fmt.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
     except GenerationError as exc:

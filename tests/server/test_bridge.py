@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -94,3 +95,32 @@ def test_engine_death_fails_requests_and_health(setup) -> None:
     assert client.get("/health").status_code == 503
     response = client.post("/v1/completions", json={"prompt": "hi"})
     assert response.status_code == 503 and json.loads(response.text)["error"]["message"]
+
+
+def test_chat_role_chunk_comes_with_the_first_token_not_before_prefill(setup) -> None:
+    """Clients time the first token from the first chunk: the role chunk must not go out during prefill."""
+    client, [loop] = setup
+    arrivals: list[tuple[float, str]] = []
+
+    def read() -> None:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 2}
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    arrivals.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    request_id, prompt, _, arrival = loop.added.get(timeout=10)
+    time.sleep(0.3)             # the "prefill"
+    first_token = time.monotonic()
+    timings = RequestTimings(arrival_time=arrival)
+    token = loop.tokenizer.encode("Hello", add_special_tokens=False)
+    for last in (False, True):
+        seqs = [SequenceDelta(0, token, None, "length" if last else None)]
+        loop.deliver([RequestDelta(request_id, seqs, last, len(prompt), 0, timings)], EngineStats(num_running=1))
+    reader.join(timeout=10)
+    events = [json.loads(line[6:]) for _, line in arrivals if line != "data: [DONE]"]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[1]["choices"][0]["delta"]["content"]
+    assert arrivals[0][0] >= first_token, "the role chunk was sent before the first token existed"

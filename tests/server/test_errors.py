@@ -1,6 +1,7 @@
 """Bad input -> 4xx with the OpenAI error envelope, never a 500; the server keeps serving."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -88,6 +89,18 @@ def test_malformed_bodies(http: httpx.Client) -> None:
     assert_error(http.post("/v1/completions", json={"model": MODEL_NAME}), 400)   # no prompt
     response = http.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
     assert 400 <= response.status_code < 500
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("headers", [{"content-type": "application/x-www-form-urlencoded"}, {}])
+def test_a_body_not_declared_json_is_told_to_send_json(http: httpx.Client, path: str, headers: dict) -> None:
+    """What `curl -d '{...}'` without -H sends: the message says what to do, whatever the body holds."""
+    body = json.dumps({**OK_COMPLETION, "messages": [{"role": "user", "content": "hi"}], "tokens": [1]}).encode()
+    request = http.build_request("POST", path, content=body, headers=headers)
+    assert request.headers.get("content-type") == headers.get("content-type")    # none when none is given
+    error = assert_error(http.send(request), 400)
+    assert "Content-Type: application/json" in error["message"] and "JSON" in error["message"]
+    assert_still_serving(http)
 
 
 def test_unknown_model_route_and_method(http: httpx.Client) -> None:

@@ -28,6 +28,8 @@ def test_metric_names_exist(http: httpx.Client) -> None:
     for reason in ("stop", "length", "abort", "error"):
         assert f"pagedserve_request_success_total{{{reason}}}" in samples
     assert 0.0 <= samples["pagedserve_kv_cache_usage_perc"] <= 1.0
+    text = http.get("/metrics").text
+    assert "pagedserve_prompt_tokens_total{" in text and "_created" not in text   # no *_created series
 
 
 def test_counts_are_exact(http: httpx.Client) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from server.bench_common import Workload, make_workload, percentiles, write_json
+from server.bench.common import Workload, make_workload, percentiles, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine import device_info
 from engine.device_info import weight_bytes_per_step
-from server.bench_common import (
+from server.bench.common import (
     WORKLOADS,
     BandwidthFloor,
     Workload,
@@ -26,6 +26,7 @@ from server.bench_common import (
     simulate_floor,
     write_json,
 )
+from server.settings import add_option_arguments
 
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
 BUSY_STEP_SEQS = 64     # "busy" steps: the regime where host overhead per step matters most
@@ -42,24 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json-out", default=None, metavar="FILE")
 
 
+ENGINE_OPTIONS = ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
+                  "max_model_len", "gpu_memory_utilization", "enforce_eager", "attention_backend", "async_scheduling")
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags of `pagedserve serve` (one options table, server/settings.py), with defaults sized
+    for a throughput run."""
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--model", default="tiny-random",
-                        help="checkpoint dir, 'tiny-random', or a shape name (qwen3-0.6b, llama-3.2-1b): a "
-                             "random-weight bf16 checkpoint of that shape, built once into the cache dir")
-    engine.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    engine.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    engine.add_argument("--max-num-seqs", type=int, default=256)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--num-kv-blocks", type=int, default=None)
-    engine.add_argument("--max-model-len", type=int, default=None,
-                        help="default: the workload's longest prompt + output")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    engine.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    engine.add_argument("--attention-backend", default="auto", choices=("auto", "cpu", "torch", "triton"))
-    engine.add_argument("--async-scheduling", default=None, action=argparse.BooleanOptionalAction,
-                        help="prepare step N+1 while step N runs (default: on for CUDA, off on CPU)")
+    add_option_arguments(engine, ENGINE_OPTIONS, defaults={
+        "model": "tiny-random", "max_num_seqs": 256, "max_num_batched_tokens": 8192}, helps={
+        "model": "checkpoint dir, .gguf file, 'tiny-random', or a shape name (qwen3-0.6b, llama-3.2-1b): a "
+                 "random-weight bf16 checkpoint of that shape, built once into the cache dir",
+        "max_model_len": "default: the workload's longest prompt + output"})
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
