@@ -83,8 +83,9 @@ class WorkerGroup:
             group.shutdown()
             raise
         group.channel = StepChannel()
-        log.info("tensor parallelism: %d ranks (%s, %d per node) at %s:%d", top.how.world_size, top.how.backend,
-                 top.ranks_per_node, top.how.master_addr, top.how.master_port)
+        log.info("tensor parallelism: %d ranks (%s, %d per node) at %s:%d; worker pids %s", top.how.world_size,
+                 top.how.backend, top.ranks_per_node, top.how.master_addr, top.how.master_port,
+                 ",".join(str(p.pid) for p in procs))
         return group
 
     def dead(self) -> str | None:
