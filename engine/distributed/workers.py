@@ -119,7 +119,9 @@ def _spawn(plan, top: Topology, ranks: range) -> list:
     spawn = multiprocessing.get_context("spawn")   # fresh interpreters: no inherited threads or CUDA state
     procs = []
     for rank in ranks:
-        p = spawn.Process(target=run_worker, name=f"pagedserve-tp{rank}",
+        # daemon: an engine left running at interpreter exit (no LLM.shutdown()) terminates its workers
+        # instead of joining them forever
+        p = spawn.Process(target=run_worker, name=f"pagedserve-tp{rank}", daemon=True,
                           args=(plan, rank, top, os.getpid(), logging.getLogger().level))
         p.start()
         procs.append(p)
