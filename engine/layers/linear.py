@@ -30,7 +30,9 @@ class VocabParallelEmbedding(nn.Embedding):
     """This rank's rows of the (padded) vocabulary; tokens outside them embed to 0 before the all-reduce."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
-        super().__init__(num_embeddings, embedding_dim)
+        # The checkpoint overwrites every weight: an explicit (uninitialised) weight skips Embedding's random
+        # init, whose normal_ on the meta device imports torch._dynamo (seconds of startup on a small CPU).
+        super().__init__(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
         self.vocab_start = ps.tp_rank() * num_embeddings
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
