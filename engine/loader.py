@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 from tqdm import tqdm
 
 from engine import gguf_loader
@@ -147,7 +148,14 @@ def _empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max
                  ) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_position)
-    return model.to_empty(device=device).to(dtype)
+    # Module.to_empty() calls empty_like on meta tensors, whose Python reference imports sympy: seconds of
+    # startup on a small CPU. torch.empty with a shape does the same job without it.
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device)))
+        for name, buf in module.named_buffers(recurse=False):
+            module.register_buffer(name, torch.empty(buf.shape, dtype=buf.dtype, device=device))
+    return model
 
 
 def _finish(model: LlamaForCausalLM, device: torch.device) -> None:

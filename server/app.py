@@ -87,7 +87,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         app.include_router(module.router)
     _add_service_routes(app)
     if bridge.observer is not None:
-        install_dashboard(app, bridge.observer)
+        install_dashboard(app, bridge.observer, api_key_required=bool(api_key))
     if fault_injection:
         faults.install_fault_routes(app, client)
     install_openapi(app, api_key_required=bool(api_key))

@@ -107,6 +107,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                 "API key %s; CORS origins: %s", settings.host, settings.port, settings.host, settings.port,
                 bridge.admission.max_queue_len, "required" if settings.api_key else "not required",
                 ", ".join(settings.allowed_origins) or "none")
+    if settings.dashboard:
+        logger.info("dashboard on http://%s:%d/dashboard", settings.host, settings.port)
     exit_now(run_server(app, settings.host, settings.port, drain_timeout=settings.drain_timeout,
                         log_level=settings.log_level, access_log=settings.access_log))
 

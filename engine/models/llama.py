@@ -31,7 +31,8 @@ class Attention(nn.Module):
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], -1, self.head_dim)
         k = k.reshape(k.shape[0], -1, self.head_dim)
         if self.fused_rope is not None:  # in place on the views of the fused qkv output
@@ -44,7 +45,12 @@ class Attention(nn.Module):
             return self.o_proj(self.attn(q, k, v, meta))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q, k = self.rotary(positions, q, k)
+            return self.o_proj(self.attn(q, k, v, meta))
+        # q and k are neighbours in the fused qkv output: rotate both with one set of ops
+        num_q_heads = q.shape[1]
+        qk = qkv[:, :self.q_size + self.kv_size].view(qkv.shape[0], -1, self.head_dim)
+        q, k = self.rotary.rotate_qk(positions, qk).split([num_q_heads, k.shape[1]], dim=1)
         return self.o_proj(self.attn(q, k, v, meta))
 
 
@@ -82,7 +88,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_position: int) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # The checkpoint overwrites every weight: an explicit (uninitialised) weight skips Embedding's random
+        # init, whose normal_ on the meta device imports torch._dynamo (seconds of startup on a small CPU).
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -94,6 +103,7 @@ class LlamaForCausalLM(nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, self.max_position, cfg.rope_theta, cfg.rope_scaling).to(device)
         for layer in self.layers:
             layer.self_attn.rotary = rotary
+        self.rotary = rotary
 
     def use_triton_kernels(self) -> None:
         """Swap norm, RoPE (+ Qwen3 q/k norm) and SiLU-and-mul for their fused Triton kernels."""
@@ -111,6 +121,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        self.rotary.prepare(positions)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)

@@ -239,6 +239,8 @@
       $("#key-form").hidden = true;
       poll();
     });
-    poll();
+    const auth = document.querySelector('meta[name="pagedserve-api-key"]');
+    if (auth && auth.content === "required") askForKey("");
+    else poll();
   });
 })();
