@@ -104,7 +104,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
                          allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
-                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts),
+                         vllm_metric_names=settings.vllm_metric_names)
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

@@ -159,6 +159,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
     Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
            "dashboard (anyone with access to it can read them)."),
+    Option("vllm_metric_names", parse_bool, False, "Also serve /metrics under vLLM's names (vllm:num_requests_waiting, "
+           "vllm:num_requests_running, vllm:kv_cache_usage_perc, ...) for routers and autoscalers built for vLLM."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )
