@@ -5,6 +5,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.default_model import DEFAULT_MODEL
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 
@@ -19,7 +21,9 @@ def cpu_auto_dtype() -> str:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny-random"
+    # A built-in name (SmolLM2-135M-Instruct, tiny-random), a .gguf file or an HF checkpoint directory;
+    # see engine.default_model.resolve.
+    model: str = DEFAULT_MODEL
     device: str = "auto"              # "cpu" | "cuda" | "auto"
     dtype: str = "auto"               # "float32" | "float16" | "bfloat16" | "auto"
     max_num_seqs: int = 64

@@ -19,7 +19,7 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str = "tiny-random", **kwargs) -> None:
+    def __init__(self, model: str = EngineConfig.model, **kwargs) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self.info = self.engine.info
         self.tokenizer = self.engine.tokenizer

@@ -5,7 +5,7 @@ import contextlib
 import importlib.metadata
 import pathlib
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,12 +16,16 @@ from server.api_schema import ModelCard, ModelList, VersionResponse, errors, ins
 from server.async_engine import AsyncEngine
 from server.chat_plan import ChatOptions
 from server.context import ServingContext, get_context
+from server.dashboard.collector import DashboardOptions, StatsCollector
+from server.dashboard.routes import install_dashboard
 from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
 from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.security import install_access_control
+
+_SHOWN_TOKENS = 512          # of a prompt or output on the dashboard
 
 
 def version() -> str:
@@ -39,7 +43,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                max_queue_len: int | None = None, request_timeout: float | None = None,
                engine_stall_timeout: float | None = None, api_key: str | None = None,
                allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
-               chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",)) -> FastAPI:
+               chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",),
+               dashboard: DashboardOptions | None = None) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
@@ -47,7 +52,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     may run (None: no limit); engine_stall_timeout: seconds without a step, work pending, before /health
     answers 503; api_key: required as a Bearer token on every route but /health and /metrics;
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
-    allowed_hosts: Host header names answered ("*": any)."""
+    allowed_hosts: Host header names answered ("*": any); dashboard: GET /dashboard and /v1/stats (on unless
+    its `enabled` is False)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     chat_options = chat_options or ChatOptions()
@@ -60,6 +66,9 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
     ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
+    dashboard = dashboard or DashboardOptions()
+    if dashboard.enabled:
+        bridge.observer = StatsCollector(info, metrics, name, version(), dashboard, decode_text=_text_of(tokenizer))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -77,10 +86,18 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
+    if bridge.observer is not None:
+        install_dashboard(app, bridge.observer, api_key_required=bool(api_key))
     if fault_injection:
         faults.install_fault_routes(app, client)
     install_openapi(app, api_key_required=bool(api_key))
     return app
+
+
+def _text_of(tokenizer) -> Callable[[list[int]], str]:
+    def text(token_ids: list[int]) -> str:     # for --dashboard-show-prompts only, and only when polled
+        return tokenizer.decode(token_ids[:_SHOWN_TOKENS]) + (" …" if len(token_ids) > _SHOWN_TOKENS else "")
+    return text
 
 
 def _model_card(ctx: ServingContext) -> dict[str, Any]:

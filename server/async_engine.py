@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from engine.messages import AddRequest, StepOutput
 from engine.sampling_params import SamplingParams
 from server.admission import AdmissionControl, check_budget, default_queue_len
+from server.dashboard.observer import StepObserver
 from server.engine_client import EngineClient
 from server.generation import Expired, GenerationError, GenerationStream
 from server.metrics import ServerMetrics
@@ -69,6 +70,7 @@ class AsyncEngine:
         self.death_reason: str | None = None
         # Called (on the event loop) once the engine has died: the CLI makes the process exit.
         self.on_engine_death: Callable[[], None] | None = None
+        self.observer: StepObserver | None = None     # the dashboard's stats (server/dashboard/collector.py)
 
     # --- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -153,6 +155,8 @@ class AsyncEngine:
             self.stalled = False
             logger.warning("the engine completed a step again; no longer stuck")
         self.metrics.observe_stats(output.stats)
+        if self.observer is not None:
+            self.observer.on_step(output, now)
         self._num_running = output.stats.num_running
         routes = self._routes
         for delta in output.deltas:
@@ -182,10 +186,15 @@ class AsyncEngine:
         for i, (rid, prompt) in enumerate(zip(ids, prompts)):
             self._routes[rid] = _Route(stream, i)
             self.client.add(AddRequest(rid, prompt, params, arrival))   # encoded: the engine gets its own copy
+            if self.observer is not None:
+                self.observer.on_submit(rid, prompt, arrival)
         if self.request_timeout is not None:
             delay = max(0.0, self.request_timeout - (time.monotonic() - arrival))
             stream.deadline = asyncio.get_running_loop().call_later(delay, stream.put, Expired("timeout"))
         return stream
 
     def _release(self, request_id: str) -> None:
-        self._routes.pop(request_id, None)
+        route = self._routes.pop(request_id, None)
+        if self.observer is not None and route is not None:
+            req = route.stream.requests[route.prompt_index]
+            self.observer.on_release(request_id, time.monotonic(), req.last_finish_reason if req.finished else None)

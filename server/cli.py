@@ -70,6 +70,7 @@ def chat_options(settings: ServeSettings):
 def serve(settings: ServeSettings, config: EngineConfig) -> int:
     from server import faults
     from server.app import create_app
+    from server.dashboard.collector import DashboardOptions
     from server.engine_process import EngineStartupError, ProcessEngineClient
     from server.process import exit_now, run_server
     from server.security import default_allowed_hosts
@@ -91,7 +92,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          request_timeout=settings.request_timeout, engine_stall_timeout=settings.engine_stall_timeout,
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
-                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host))
+                         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))
@@ -104,6 +106,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                 "API key %s; CORS origins: %s", settings.host, settings.port, settings.host, settings.port,
                 bridge.admission.max_queue_len, "required" if settings.api_key else "not required",
                 ", ".join(settings.allowed_origins) or "none")
+    if settings.dashboard:
+        logger.info("dashboard on http://%s:%d/dashboard", settings.host, settings.port)
     exit_now(run_server(app, settings.host, settings.port, drain_timeout=settings.drain_timeout,
                         log_level=settings.log_level, access_log=settings.access_log))
 

@@ -52,6 +52,7 @@ class ServingContext:
         except EngineUnavailable as exc:
             raise APIError(503, f"The server cannot take requests now: {exc}.") from None
         except Overloaded as exc:
+            self.metrics.rejected.inc()
             # A real status before any byte of a stream: routers and SDKs act on it (the SDK retries).
             raise APIError(429, str(exc), code="server_overloaded",
                            headers={"Retry-After": str(exc.retry_after)}) from None

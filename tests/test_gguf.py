@@ -17,13 +17,7 @@ from engine.default_model import resolve
 from engine.gguf_loader import hf_config, load_tokenizer, open_gguf
 from engine.loader import _empty_model, load_tensors
 from engine.tiny_model import build_checkpoint
-from tests.gguf_files import (
-    K_QUANTS,
-    WRITABLE,
-    random_blocks,
-    torch_dequantize,
-    write_gguf,
-)
+from tests.gguf_files import BAD_CASES, K_QUANTS, WRITABLE, bad_gguf_files, random_blocks, torch_dequantize, write_gguf
 from tests.helpers import hf_greedy, hf_model, random_prompts
 
 MAX_TOKENS = 12
@@ -145,41 +139,7 @@ def test_served_name_is_the_file_name_without_gguf(root):
 
 
 # ------------------------------------------------------------------------------------------ bad input
-def _arch_file(path: Path, arch: str) -> Path:
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def bad_gguf_files(root: Path, good: Path) -> dict[str, tuple[Path, str]]:
-    """name -> (file, pattern its one-line error must match)."""
-    data = good.read_bytes()
-    (root / "notgguf.gguf").write_text("this is not a model\n")
-    (root / "cut-data.gguf").write_bytes(data[: len(data) - 1000])
-    (root / "cut-header.gguf").write_bytes(data[:200])
-    iq = root / "iq2.gguf"
-    w = gguf.GGUFWriter(str(iq), "llama")
-    w.add_tensor("token_embd.weight", np.zeros((4, 66), dtype=np.uint8), raw_dtype=Q.IQ2_XXS)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return {
-        "missing": (root / "missing.gguf", "does not exist"),
-        "not-gguf": (root / "notgguf.gguf", "is not a GGUF file"),
-        "truncated-data": (root / "cut-data.gguf", "is truncated: tensor .* ends at byte"),
-        "truncated-header": (root / "cut-header.gguf", "truncated or corrupt header.*supported architectures"),
-        "arch": (_arch_file(root / "gpt2.gguf", "gpt2"), "'gpt2' model; supported architectures: llama"),
-        "quant": (iq, "stored as IQ2_XXS; supported architectures.*supported tensor types: F32"),
-    }
-
-
-@pytest.mark.parametrize("case", ["missing", "not-gguf", "truncated-data", "truncated-header", "arch", "quant"])
+@pytest.mark.parametrize("case", BAD_CASES)
 def test_bad_gguf_files_raise_one_clear_value_error(root, case):
     path, pattern = bad_gguf_files(root, gguf_file(root, "llama", "F16"))[case]
     with pytest.raises(ValueError, match=pattern) as info:

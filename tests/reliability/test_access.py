@@ -1,5 +1,5 @@
-"""Auth and CORS, in-process on an engine stand-in: every route the app answers needs the key except /health
-and /metrics (enumerated from the app itself, so a route added later is covered too); CORS admits only the
+"""Auth and CORS, in-process on an engine stand-in: every route the app answers needs the key except /health,
+/metrics and the dashboard page's static files (enumerated from the app itself, so a route added later is covered too); CORS admits only the
 configured origins; the settings read the key from PAGEDSERVE_API_KEY."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.cli import build_parser
+from server.security import PUBLIC_PATHS
 from server.settings import resolve_settings
 from tests.server.fakes import scripted_client
 from tests.server.openapi import assert_valid
@@ -54,7 +55,7 @@ def test_every_route_but_the_probes_needs_the_key(client: TestClient) -> None:
     for method, path in routes:
         for name, headers in BAD_CREDENTIALS.items():
             response = client.request(method, path, headers=headers, json={})
-            if path in ("/health", "/metrics"):
+            if path in PUBLIC_PATHS:
                 assert response.status_code == 200, (path, name)
                 continue
             assert response.status_code == 401, (method, path, name)

@@ -18,7 +18,7 @@ def settings_for(argv: list[str], env: dict[str, str] | None = None):
 
 def test_defaults_match_engine_config() -> None:
     s = settings_for([])
-    assert (s.model, s.host, s.port) == ("tiny-random", "127.0.0.1", 8000)
+    assert (s.model, s.host, s.port) == ("SmolLM2-135M-Instruct", "127.0.0.1", 8000)
     assert s.engine_config().enable_prefix_caching is True and s.max_model_len is None
 
 
