@@ -105,7 +105,9 @@ def run_engine_process(config: EngineConfig, input_addr: str, output_addr: str, 
     loop.start()
     code = _serve_inputs(inp, loop, injector, parent_pid)
     loop.shutdown(timeout=5.0)
-    ctx.destroy(linger=_LINGER_MS if os.getppid() == parent_pid else 0)
+    # After a Shutdown (or without a front end) nobody reads the step outputs still queued: do not wait on
+    # them. After the loop's death, give its EngineFailed a moment to leave.
+    ctx.destroy(linger=_LINGER_MS if code != 0 and os.getppid() == parent_pid else 0)
     sys.exit(code)
 
 
