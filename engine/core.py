@@ -102,13 +102,16 @@ def run_engine_process(config: EngineConfig, input_addr: str, output_addr: str, 
     loop = EngineLoop(engine, deliver, on_death)
     out.send(encoder.encode(EngineReady(engine.info)))
     loop.start()
-    code = _serve_inputs(inp, loop, injector, parent_pid)
+    code = _serve_inputs(inp, loop, injector, parent_pid, engine)
     loop.shutdown(timeout=5.0)
+    if hasattr(engine, "shutdown"):   # tensor-parallel worker ranks
+        engine.shutdown()
     ctx.destroy(linger=_LINGER_MS if os.getppid() == parent_pid else 0)
     sys.exit(code)
 
 
-def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjector | None, parent_pid: int) -> int:
+def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjector | None, parent_pid: int,
+                  engine: Engine) -> int:
     """Feeds the loop until Shutdown (0), the loop's death (1) or the front end's disappearance (0)."""
     _, decoder = input_codec()
     while True:
@@ -128,6 +131,11 @@ def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjec
                 elif isinstance(msg, Shutdown):
                     logger.info("engine process: shutdown requested")
                     return 0
+        dead_worker = getattr(engine, "dead_worker", None)
+        reason = dead_worker() if dead_worker is not None else None
+        if reason is not None and loop.alive:   # fail the open requests on the loop thread, then exit 1
+            logger.error("engine process: %s", reason)
+            loop.kill(RuntimeError(reason))
         if not loop.alive:
             return EXIT_ENGINE_FAILED
         if os.getppid() != parent_pid:

@@ -59,7 +59,18 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"pagedserve serve: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format=_LOG_FORMAT)
+    if config.node_rank > 0:    # another node of a multi-node tensor-parallel engine: its ranks, no HTTP
+        return run_worker_node(config)
     return serve(settings, config)
+
+
+def run_worker_node(config: EngineConfig) -> int:
+    from engine.distributed.workers import run_node
+    try:
+        return run_node(config)
+    except ValueError as exc:
+        print(f"pagedserve serve: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def chat_options(settings: ServeSettings):
@@ -93,7 +104,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
                          allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
-                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts),
+                         vllm_metric_names=settings.vllm_metric_names)
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))
@@ -106,6 +118,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                 "API key %s; CORS origins: %s", settings.host, settings.port, settings.host, settings.port,
                 bridge.admission.max_queue_len, "required" if settings.api_key else "not required",
                 ", ".join(settings.allowed_origins) or "none")
+    if settings.dashboard:
+        logger.info("dashboard on http://%s:%d/dashboard", settings.host, settings.port)
     exit_now(run_server(app, settings.host, settings.port, drain_timeout=settings.drain_timeout,
                         log_level=settings.log_level, access_log=settings.access_log))
 

@@ -71,16 +71,18 @@ class DecodeWindow:
 
 class StatsCollector:
     def __init__(self, info: ModelInfo, metrics: ServerMetrics, served_model_name: str, version: str,
-                 options: DashboardOptions, decode_text: Callable[[list[int]], str] | None = None) -> None:
+                 options: DashboardOptions, decode_text: Callable[[list[int]], str] | None = None,
+                 started: float | None = None) -> None:
         self.info, self.metrics, self.options = info, metrics, options
         self.served_model_name, self.version = served_model_name, version
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.ring = SecondRing(HISTORY_S + 1)
         self.timelines = RequestTimelines(options.max_requests, keep_tokens=options.show_prompts)
         self.decode = DecodeWindow(EFFICIENCY_WINDOW_S)
         self._decode_text = decode_text if options.show_prompts else None
         self._gauges = {"running": 0, "waiting": 0, "kv_used": 0, "kv_cached": 0}
         self._last_tick = -1
+        self.tick(self.started - 1.0)     # the baseline: the first second's rates need a row before it
         metrics.registry.register(_EfficiencyCollector(self))
 
     # --- hooks (event loop) ----------------------------------------------------------------------------

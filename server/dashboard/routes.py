@@ -20,10 +20,13 @@ _PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'sel
                  "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache", "Referrer-Policy": "no-referrer"}
 
 
-def install_dashboard(app: FastAPI, collector: StatsCollector) -> None:
+def install_dashboard(app: FastAPI, collector: StatsCollector, api_key_required: bool) -> None:
     static = resources.files("server.dashboard") / "static"
     for path, (name, media_type) in PAGE_PATHS.items():
-        _add_page(app, path, (static / name).read_bytes(), media_type)
+        body = (static / name).read_bytes()
+        # The page asks for the key before its first request, rather than after a 401.
+        body = body.replace(b"{{API_KEY_REQUIRED}}", b"required" if api_key_required else b"no")
+        _add_page(app, path, body, media_type)
 
     @app.get("/v1/stats", include_in_schema=False)
     async def stats(request: Request) -> JSONResponse:

@@ -38,6 +38,7 @@ def test_page_is_public_and_stats_need_the_key() -> None:
             assert not re.search(r"(src|href)=\"(https?:)?//", response.text), "a remote resource"
         page = client.get("/dashboard").text
         assert 'src="/dashboard/dashboard.js"' in page and 'href="/dashboard/dashboard.css"' in page
+        assert '<meta name="pagedserve-api-key" content="required">' in page     # it asks before a 401
         assert "localStorage" not in client.get("/dashboard/dashboard.js").text   # the key stays in memory
         assert client.get("/v1/stats").status_code == 401
         stats = client.get("/v1/stats", headers={"Authorization": f"Bearer {KEY}"})
@@ -50,6 +51,8 @@ def test_no_dashboard_means_404() -> None:
             response = client.get(path)
             assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
         assert client.app.state.ctx.async_engine.observer is None
+    for client, _ in scripted_client():
+        assert '<meta name="pagedserve-api-key" content="no">' in client.get("/dashboard").text
 
 
 def test_prompts_show_only_when_asked() -> None:

@@ -88,8 +88,8 @@ def _step(deltas, *, running=1, used=0, cached=0, step=None) -> StepOutput:
 
 def test_collector_from_scripted_steps() -> None:
     metrics = ServerMetrics("m", 64)
-    collector = StatsCollector(_info(1e4), metrics, "served", "9.9", DashboardOptions(max_requests=2))
     t0 = time.monotonic() - 1.8     # "now" is t0 + 1.8: the Prometheus gauge reads the real clock
+    collector = StatsCollector(_info(1e4), metrics, "served", "9.9", DashboardOptions(max_requests=2), started=t0)
     collector.on_submit("a", [1, 2, 3, 4, 5], t0)
     collector.on_submit("b", [1, 2], t0 + 0.1)
     timings = RequestTimings(t0, first_scheduled_time=t0 + 0.2)
@@ -117,7 +117,12 @@ def test_collector_from_scripted_steps() -> None:
     totals = snap["totals"]
     assert (totals["prompt_tokens"], totals["generation_tokens"], totals["requests"], totals["rejected"]) == (5, 3, 1, 1)
     series = snap["series"]
-    assert sum(series["generation_tok_s"]) == 3 - 0 and sum(series["prompt_tok_s"]) == 5
+    assert sum(series["generation_tok_s"]) == 3 and sum(series["prompt_tok_s"]) == 5
+    # Everything in one second still has a rate: the baseline row precedes the start.
+    quick = StatsCollector(_info(None), ServerMetrics("q", 64), "q", "1", DashboardOptions(), started=t0)
+    quick.metrics.generation_tokens.inc(4)
+    quick_rates = quick.snapshot(t0 + 0.01)["series"]["generation_tok_s"]
+    assert quick_rates[-1] == 4.0 and sum(quick_rates) == 4.0
     # efficiency: (2 x 1000 weights + (6 + 7) x 10 KV bytes) / (2 x 0.25 s), over 1e4 B/s.
     achieved = (2 * 1000 + 13 * 10) / 0.5
     assert snap["efficiency"]["decode_bytes_per_s"] == pytest.approx(achieved)
@@ -135,7 +140,7 @@ def test_collector_from_scripted_steps() -> None:
 
 def test_cpu_efficiency_is_not_applicable() -> None:
     metrics = ServerMetrics("m", 64)
-    collector = StatsCollector(_info(None), metrics, "m", "1", DashboardOptions())
+    collector = StatsCollector(_info(None), metrics, "m", "1", DashboardOptions(), started=49.0)
     collector.on_step(_step([], step=StepStats(0.5, 0, 2, 10)), 50.0)
     eff = collector.snapshot(50.5)["efficiency"]
     assert eff["utilization"] is None and eff["note"].startswith("n/a")
