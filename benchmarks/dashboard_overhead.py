@@ -1,5 +1,5 @@
 """What the dashboard costs: the same HTTP workload with and without a client polling GET /v1/stats every
-500 ms (rounds alternate on one server), and on a server started with --no-dashboard (no per-step hook).
+500 ms, and on a second server started with --no-dashboard (no per-step hook); rounds alternate.
 
     python benchmarks/dashboard_overhead.py                   # tiny-random, CPU
     python benchmarks/dashboard_overhead.py --model /models/Qwen3-0.6B --device cuda --max-tokens 256
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -39,16 +40,62 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--poll-interval", type=float, default=0.5)
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--micro-only", action="store_true", help="only time the collector's hook and snapshot "
+                   "in-process (no server)")
     return p.parse_args()
+
+
+def micro(batch: int = 64, steps: int = 2000) -> dict:
+    """In-process front-end cost: StatsCollector.on_step for a decode step of `batch` requests, and one
+    /v1/stats snapshot with a full 300 s ring and 32 timelines."""
+    from engine.messages import StepOutput
+    from engine.model_info import ModelInfo, TokenizerSource
+    from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta, StepStats
+    from server.dashboard.collector import HISTORY_S, DashboardOptions, StatsCollector
+    from server.metrics import ServerMetrics
+
+    info = ModelInfo("m", 4096, 32000, (), 4096, 16, batch, TokenizerSource("/nonexistent"), weight_bytes=10**9,
+                     kv_bytes_per_token=10**5, memory_bandwidth=3e12)
+    metrics = ServerMetrics("m", 4096)
+    t0 = time.monotonic() - HISTORY_S
+    collector = StatsCollector(info, metrics, "m", "0", DashboardOptions(), started=t0)
+    ids = [f"r{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        collector.on_submit(rid, list(range(100)), t0)
+    timings = RequestTimings(t0, t0, t0)
+    output = StepOutput([RequestDelta(rid, [SequenceDelta(0, [5])], False, 100, 0, timings) for rid in ids],
+                        EngineStats(batch, 0, 0.5, kv_blocks_used=500, step=StepStats(0.01, 0, batch, batch * 500)))
+    for second in range(HISTORY_S):                                 # fill the ring
+        collector.tick(t0 + second)
+    start = time.perf_counter()
+    for second in range(20):
+        collector.tick(t0 + second)
+    per_tick = (time.perf_counter() - start) / 20
+    collector.timelines.active = {rid: collector.timelines.active[rid] for rid in ids}
+    start = time.perf_counter()
+    for k in range(steps):
+        collector.on_step(output, t0 + HISTORY_S - 20 + k / 100)      # 100 steps/s: a tick every 100 steps
+    per_step = (time.perf_counter() - start) / steps
+    start = time.perf_counter()
+    for _ in range(20):
+        snap = collector.snapshot(t0 + HISTORY_S)
+    per_snapshot = (time.perf_counter() - start) / 20
+    assert len(snap["requests"]) == 32 and len(snap["series"]["seconds_ago"]) == HISTORY_S
+    return {"on_step_us_per_step_of_%d" % batch: round(1e6 * per_step, 1), "tick_ms": round(1e3 * per_tick, 2),
+            "snapshot_ms": round(1e3 * per_snapshot, 2), "snapshot_json_bytes": len(json.dumps(snap))}
 
 
 async def _poll(base_url: str, interval: float, latencies: list[float], stop: asyncio.Event) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as http:
         while not stop.is_set():
             start = time.perf_counter()
-            response = await http.get("/v1/stats")
-            assert response.status_code == 200, response.status_code
-            latencies.append(time.perf_counter() - start)
+            try:
+                response = await http.get("/v1/stats")
+            except httpx.TransportError:        # counted as NaN: the report says how many failed
+                latencies.append(math.nan)
+            else:
+                assert response.status_code == 200, response.status_code
+                latencies.append(time.perf_counter() - start)
             try:
                 await asyncio.wait_for(stop.wait(), interval)
             except TimeoutError:
@@ -73,19 +120,22 @@ def start(args: argparse.Namespace, *extra: str) -> ServerProcess:
                          *extra, env=worker_env(args)).wait_ready()
 
 
-def measure(server: ServerProcess, args: argparse.Namespace, configs: dict[str, float | None]) -> dict[str, dict]:
-    """Rounds alternate between the configurations (name -> poll interval or None) on one server."""
-    info = httpx.get(server.base_url + "/v1/models").json()["data"][0]
-    ids = httpx.post(server.base_url + "/tokenize", json={"prompt": "The quick brown fox. " * 200}).json()["tokens"]
+def measure(args: argparse.Namespace, configs: dict[str, tuple[ServerProcess, float | None]]) -> dict[str, dict]:
+    """Rounds alternate between the configurations (name -> server, poll interval or None), so that a change
+    in the machine's load hits them all alike."""
+    first = next(iter(configs.values()))[0]
+    model = httpx.get(first.base_url + "/v1/models").json()["data"][0]["id"]
+    ids = httpx.post(first.base_url + "/tokenize", json={"prompt": "The quick brown fox. " * 200}).json()["tokens"]
     prompts = make_prompts(max(ids) + 1, args.num_clients, args.prompt_len)   # ids the tokenizer surely has
-    asyncio.run(_round(server.base_url, info["id"], prompts[:8], 8))      # warm-up
-    pids = [server.proc.pid, *child_pids(server.proc.pid)]
+    for server, _ in configs.values():
+        asyncio.run(_round(server.base_url, model, prompts[:8], 8))      # warm-up
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     latencies: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(args.rounds):
-        for name, interval in configs.items():
+        for name, (server, interval) in configs.items():
+            pids = [server.proc.pid, *child_pids(server.proc.pid)]
             before = [cpu_seconds(p) for p in pids]
-            tokens, elapsed = asyncio.run(_timed_round(server.base_url, info["id"], prompts, args.max_tokens,
+            tokens, elapsed = asyncio.run(_timed_round(server.base_url, model, prompts, args.max_tokens,
                                                        interval, latencies[name]))
             used = [cpu_seconds(p) - b for p, b in zip(pids, before)]
             assert tokens == args.num_clients * args.max_tokens, tokens
@@ -102,26 +152,30 @@ def summarize(runs: list[dict], latencies: list[float]) -> dict:
            "engine_cpu_us_per_token_median": med("engine_cpu_us_per_token"),
            "frontend_cpu_us_per_token_median": med("frontend_cpu_us_per_token")}
     if latencies:
+        ok = [v for v in latencies if not math.isnan(v)]
         out["stats_requests"] = len(latencies)
-        out["stats_latency_ms_median"] = round(1e3 * statistics.median(latencies), 2)
+        out["stats_transport_errors"] = len(latencies) - len(ok)
+        out["stats_latency_ms_median"] = round(1e3 * statistics.median(ok), 2) if ok else None
     return out
 
 
 def main() -> None:
     args = parse_args()
-    server = start(args)
+    if args.micro_only:
+        print(json.dumps(micro(), indent=2))
+        return
+    with_dashboard = start(args)
+    without = start(args, "--no-dashboard")
     try:
-        report = measure(server, args, {"dashboard_idle": None, "polling_every_500ms": args.poll_interval})
+        report = measure(args, {"dashboard_idle": (with_dashboard, None),
+                                "polling_every_500ms": (with_dashboard, args.poll_interval),
+                                "no_dashboard": (without, None)})
     finally:
-        server.stop()
-    server = start(args, "--no-dashboard")
-    try:
-        report.update(measure(server, args, {"no_dashboard": None}))
-    finally:
-        server.stop()
+        with_dashboard.stop()
+        without.stop()
     report = {"model": args.model, "device": args.device, "num_clients": args.num_clients,
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rounds": args.rounds,
-              "load_average_1m": os.getloadavg()[0], **report}
+              "load_average_1m": os.getloadavg()[0], **report, "in_process": micro()}
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -42,7 +42,7 @@ def make_prompts(seed: int, num: int, low: int, high: int, vocab: int) -> list[l
     return [rng.integers(0, vocab, n).tolist() for n in lens]
 
 
-def workload_spec(name: str, vocab: int, kv_tokens: int) -> dict:
+def workload_spec(name: str, vocab: int, kv_tokens: int, pressure_prompts: int = 256) -> dict:
     """Plain JSON, so both workers read exactly the same token ids."""
     if name == "batch64":
         return {"name": name, "prompts": make_prompts(1, 64, 64, 256, vocab), "max_tokens": 128,
@@ -50,7 +50,7 @@ def workload_spec(name: str, vocab: int, kv_tokens: int) -> dict:
     if name == "stream":
         return {"name": name, "prompts": make_prompts(2, 1, 512, 512, vocab), "max_tokens": 256,
                 "max_num_seqs": 64, "kv_tokens": None}
-    return {"name": name, "prompts": make_prompts(3, 256, 1, 1024, vocab), "max_tokens": 64,
+    return {"name": name, "prompts": make_prompts(3, pressure_prompts, 1, 1024, vocab), "max_tokens": 64,
             "max_num_seqs": 64, "kv_tokens": kv_tokens}
 
 
@@ -66,7 +66,7 @@ class OursEngine:
         longest = max(len(p) for p in spec["prompts"]) + spec["max_tokens"]
         self.engine = LLMEngine(EngineConfig(
             model=model, device="cpu", dtype=dtype, max_num_seqs=spec["max_num_seqs"],
-            max_model_len=max(longest, 1024), enable_prefix_caching=spec["name"] != "stream",
+            max_model_len=max(longest, 1024), enable_prefix_caching=False,
             num_kv_blocks=None if kv is None else kv // 16 + 1))
         self._ids = 0
 
@@ -99,7 +99,7 @@ class VllmEngine:
         kwargs = {} if kv is None else {"num_gpu_blocks_override": kv // 128, "block_size": 128}
         longest = max(len(p) for p in spec["prompts"]) + spec["max_tokens"]
         self.llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=0.3, max_num_seqs=spec["max_num_seqs"],
-                       max_model_len=max(longest, 1024), enable_prefix_caching=spec["name"] != "stream",
+                       max_model_len=max(longest, 1024), enable_prefix_caching=False,
                        seed=0, **kwargs)
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -111,13 +111,21 @@ class VllmEngine:
         return None  # not exposed by the offline API
 
 
-def run_worker(engine_name: str, model: str, dtype: str, spec: dict, threads: int | None) -> dict:
+def run_worker(engine_name: str, model: str, dtype: str, specs: list[dict], threads: int | None) -> list[dict]:
+    """Runs every workload of specs (they share one engine configuration) in one engine."""
+    longest = max(len(p) + s["max_tokens"] for s in specs for p in s["prompts"])
+    engine_spec = dict(specs[0], max_tokens=longest - max(len(p) for p in specs[0]["prompts"]))
     cls = OursEngine if engine_name == "pagedserve" else VllmEngine
-    engine = cls(model, dtype, spec, threads)
+    engine = cls(model, dtype, engine_spec, threads)
     ready_s = time.time() - START
+    engine.generate([p[:32] for p in specs[0]["prompts"][:4]], 4)  # warm-up outside the clock
+    return [dict(run_workload(engine, spec), ready_s=ready_s) for spec in specs]
+
+
+def run_workload(engine, spec: dict) -> dict:
     prompts, max_tokens = spec["prompts"], spec["max_tokens"]
-    engine.generate([p[:32] for p in prompts[:4]], 4)  # warm-up outside the clock
-    result: dict = {"ready_s": ready_s}
+    result: dict = {}
+    before = engine.preemptions()
     if spec["name"] == "stream":
         ttfts = []
         for _ in range(3):
@@ -135,13 +143,15 @@ def run_worker(engine_name: str, model: str, dtype: str, spec: dict, threads: in
         result["elapsed_s"] = time.perf_counter() - t
     result["output_tokens"] = sum(len(t) for t in tokens)
     result["output_tok_per_s"] = result["output_tokens"] / result["elapsed_s"]
-    result["preemptions"] = engine.preemptions()
+    result["preemptions"] = None if before is None else engine.preemptions() - before
     result["tokens"] = tokens
+    result["load_avg_1m"] = os.getloadavg()[0]
     return result
 
 
 # ------------------------------------------------------------------------------------------ driver
-def spawn(python: str, engine: str, model: str, dtype: str, spec_path: str, threads: int | None) -> dict:
+def spawn(python: str, engine: str, model: str, dtype: str, spec_path: str, threads: int | None,
+          count: int) -> list[dict]:
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         # -P: benchmarks/ must not shadow packages of the same name (benchmarks/kernels.py vs vLLM's imports)
         cmd = [python, "-P", str(Path(__file__).resolve()), "--worker", engine, "--model", model, "--dtypes", dtype,
@@ -152,7 +162,7 @@ def spawn(python: str, engine: str, model: str, dtype: str, spec_path: str, thre
             env["OMP_NUM_THREADS"] = str(threads)
         proc = subprocess.run(cmd, check=False, env=env, cwd=repo if engine == "pagedserve" else tempfile.gettempdir())
         if proc.returncode != 0:
-            return {"error": f"exit status {proc.returncode}"}
+            return [{"error": f"exit status {proc.returncode}"}] * count
         return json.loads(Path(out.name).read_text())
 
 
@@ -184,7 +194,7 @@ def print_row(row: dict) -> None:
         return
     g = row["greedy"]
     same = f"greedy identical {g['identical_requests']}/{g['requests']}"
-    ready = f"ready {o['ready_s']:.1f} s vs {v['ready_s']:.1f} s"
+    ready = f"ready {o['ready_s']:.1f} s vs {v['ready_s']:.1f} s  load {o['load_avg_1m']:.1f}/{v['load_avg_1m']:.1f}"
     if row["workload"] == "stream":
         print(f"{head} TTFT {o['ttft_s'] * 1e3:.0f} ms vs {v['ttft_s'] * 1e3:.0f} ms ({row['ttft_ratio']:.2f}x)  "
               f"TPOT {o['tpot_s'] * 1e3:.1f} ms vs {v['tpot_s'] * 1e3:.1f} ms ({row['tpot_ratio']:.2f}x)  "
@@ -202,6 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {DTYPES}")
     p.add_argument("--engines", default="pagedserve,vllm", help="comma-separated: pagedserve, vllm")
     p.add_argument("--pressure-kv-tokens", type=int, default=16384, help="KV capacity in the pressure workload")
+    p.add_argument("--pressure-prompts", type=int, default=256, help="requests in the pressure workload")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both workers (default: theirs)")
     p.add_argument("--out", default=None, metavar="FILE.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -213,27 +224,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.worker:
-        spec = json.loads(Path(args.spec).read_text())
-        result = run_worker(args.worker, args.model, args.dtypes, spec, args.threads)
-        Path(args.result).write_text(json.dumps(result))
+        specs = json.loads(Path(args.spec).read_text())
+        results = run_worker(args.worker, args.model, args.dtypes, specs, args.threads)
+        Path(args.result).write_text(json.dumps(results))
         return
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     engines = args.engines.split(",")
+    names = args.workloads.split(",")
+    # batch64 and stream share an engine configuration, so they share one engine start
+    groups = [g for g in ([n for n in names if n != "pressure"], [n for n in names if n == "pressure"]) if g]
     rows = []
-    for name in args.workloads.split(","):
-        spec = workload_spec(name, vocab, args.pressure_kv_tokens)
+    for group in groups:
+        specs = [workload_spec(n, vocab, args.pressure_kv_tokens, args.pressure_prompts) for n in group]
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump(spec, f)
+            json.dump(specs, f)
             f.flush()
             for dtype in args.dtypes.split(","):
                 res = {e: spawn(sys.executable if e == "pagedserve" else args.vllm_python, e, args.model, dtype,
-                                f.name, args.threads) if e in engines else {"error": "not run"}
-                       for e in ("pagedserve", "vllm")}
-                row = summarize(name, dtype, res["pagedserve"], res["vllm"])
-                print_row(row)
-                rows.append(row)
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg": os.getloadavg(),
-               "rows": rows}
+                                f.name, args.threads, len(specs)) if e in engines
+                       else [{"error": "not run"}] * len(specs) for e in ("pagedserve", "vllm")}
+                for i, name in enumerate(group):
+                    row = summarize(name, dtype, res["pagedserve"][i], res["vllm"][i])
+                    print_row(row)
+                    rows.append(row)
+    summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(summary))
 

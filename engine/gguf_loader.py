@@ -136,9 +136,10 @@ def open_gguf(path: str | Path) -> GGUFFile:
 def hf_config(file: GGUFFile) -> dict:
     """config.json contents, through transformers' table of llama.cpp keys (its load_gguf_checkpoint does
     the same walk, but only after parsing every vocabulary string: seconds instead of milliseconds)."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
+    # The table load_gguf_checkpoint uses, from the module that holds it (transformers.modeling_gguf_pytorch_utils
+    # would also import its modeling code: ~2 s of CPU at startup).
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING as mapping
 
-    mapping = GGUF_TO_TRANSFORMERS_MAPPING["config"]
     config: dict = {}
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")

@@ -51,6 +51,10 @@ class EngineLoop:
         """A request that never made it into the engine (its message did not decode): fail it, with 400."""
         self.inbox.put(("reject", request_id, message))
 
+    def kill(self, error: BaseException) -> None:
+        """Ends the loop as if its step had raised `error` (e.g. a tensor-parallel rank died while idle)."""
+        self.inbox.put(("fail", error))
+
     def shutdown(self, timeout: float | None = None) -> None:
         self._stopping = True
         self.inbox.put(_STOP)
@@ -106,6 +110,8 @@ class EngineLoop:
                 _, request_id, message = cmd
                 failed.append(RequestDelta(request_id, [SequenceDelta(0, [], None, "error")], True, 0, 0,
                                            RequestTimings(0.0), error=message, error_status=400))
+            elif cmd[0] == "fail":
+                raise cmd[1]
             else:
                 _, request_id, seq_index, reason = cmd
                 self.engine.abort_request(request_id, seq_index, reason)

@@ -41,12 +41,30 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inv_frequencies(head_dim, theta, scaling)
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        # Every layer of one forward rotates at the same positions: look them up once per forward.
+        self._positions: torch.Tensor | None = None
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def prepare(self, positions: torch.Tensor) -> None:
+        """Called by the model at the start of each forward (positions may be a buffer refilled in place)."""
+        self._cos_sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        self._positions = positions
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions is not self._positions:
+            self.prepare(positions)
+        return self._cos_sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies (computed in fp32)."""
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = self.cos_sin(positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def rotate_qk(self, positions: torch.Tensor, qk: torch.Tensor) -> torch.Tensor:
+        """q and k side by side, qk: [T, Hq + Hkv, D] -> one rotated copy (one set of ops for both)."""
+        cos, sin = self.cos_sin(positions)
+        return _rotate(qk, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

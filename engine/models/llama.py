@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionMetadata
+from engine.distributed import parallel_state
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
+from engine.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
@@ -22,8 +24,8 @@ class Attention(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.head_dim = cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary: RotaryEmbedding | None = None  # shared, set by the model
@@ -31,7 +33,8 @@ class Attention(nn.Module):
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(q.shape[0], -1, self.head_dim)
         k = k.reshape(k.shape[0], -1, self.head_dim)
         if self.fused_rope is not None:  # in place on the views of the fused qkv output
@@ -44,15 +47,20 @@ class Attention(nn.Module):
             return self.o_proj(self.attn(q, k, v, meta))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q, k = self.rotary(positions, q, k)
+            return self.o_proj(self.attn(q, k, v, meta))
+        # q and k are neighbours in the fused qkv output: rotate both with one set of ops
+        num_q_heads = q.shape[1]
+        qk = qkv[:, :self.q_size + self.kv_size].view(qkv.shape[0], -1, self.head_dim)
+        q, k = self.rotary.rotate_qk(positions, qk).split([num_q_heads, k.shape[1]], dim=1)
         return self.o_proj(self.attn(q, k, v, meta))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,13 +87,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+    def __init__(self, full_config: ModelConfig, max_position: int) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # config: this tensor-parallel rank's shard of the model (heads, KV heads, MLP width, vocabulary
+        # rows); the same as full_config when there is one rank.
+        self.full_config = full_config
+        self.config = cfg = parallel_state.shard_config(full_config, parallel_state.tp_world_size())
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, full_config.vocab_size)
         self.max_position = max_position
 
     def init_rotary(self, device: torch.device) -> None:
@@ -94,6 +105,7 @@ class LlamaForCausalLM(nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, self.max_position, cfg.rope_theta, cfg.rope_scaling).to(device)
         for layer in self.layers:
             layer.self_attn.rotary = rotary
+        self.rotary = rotary
 
     def use_triton_kernels(self) -> None:
         """Swap norm, RoPE (+ Qwen3 q/k norm) and SiLU-and-mul for their fused Triton kernels."""
@@ -111,6 +123,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        self.rotary.prepare(positions)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)

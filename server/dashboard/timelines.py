@@ -85,16 +85,17 @@ class RequestTimelines:
             t = active.get(delta.request_id)
             if t is None:
                 continue
-            timings = delta.timings
-            t.first_scheduled, t.first_token = timings.first_scheduled_time, timings.first_token_time
-            t.num_cached_tokens = delta.num_cached_tokens
+            if t.first_token is None:      # the timestamps settle once the first token exists
+                timings = delta.timings
+                t.first_scheduled, t.first_token = timings.first_scheduled_time, timings.first_token_time
+                t.num_cached_tokens = delta.num_cached_tokens
             for seq in delta.seqs:
                 t.num_output_tokens += len(seq.new_token_ids)
                 if t.output_token_ids is not None and seq.index == 0:
                     t.output_token_ids.extend(seq.new_token_ids)
             if delta.finished:
                 reasons = sorted({s.finish_reason for s in delta.seqs if s.finish_reason})
-                self._finish(t, timings.finished_time or now, ",".join(reasons) or None)
+                self._finish(t, delta.timings.finished_time or now, ",".join(reasons) or None)
 
     def on_release(self, request_id: str, now: float, finish_reason: str | None) -> None:
         """The front end let go of the request. If the engine never said it finished, the front end ended it:

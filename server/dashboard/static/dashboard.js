@@ -123,8 +123,9 @@
       setStat("efficiency_detail", fmt(e.decode_bytes_per_s) + "B/s of " + fmt(e.memory_bandwidth) + "B/s");
     } else {
       setStat("efficiency", "n/a");
-      setStat("efficiency_detail", e.decode_bytes_per_s !== null ? fmt(e.decode_bytes_per_s) + "B/s decode; "
-        + (e.note || "") : (e.note || "no decode steps in the last " + e.window_s + " s"));
+      const why = e.memory_bandwidth ? "" : " (device bandwidth unknown)";
+      setStat("efficiency_detail", e.decode_bytes_per_s !== null ? fmt(e.decode_bytes_per_s) + "B/s decode" + why
+        : "no decode step in the last " + e.window_s + " s" + why);
     }
   }
 
