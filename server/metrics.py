@@ -107,6 +107,11 @@ class ServerMetrics:
             self.grammar_compile.observe(seconds)
         self._seen = stats
 
+    @property
+    def last_stats(self) -> EngineStats:
+        """The engine's stats after its latest step (all zero before the first)."""
+        return self._seen
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
