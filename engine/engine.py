@@ -57,7 +57,8 @@ class LLMEngine:
         try:
             built = build_runner(plan, self.device)
         except BaseException:
-            self.shutdown()
+            if self.workers is not None:
+                self.workers.shutdown(graceful=False)
             raise
         loaded, self.num_kv_blocks, self.runner = built.loaded, built.num_kv_blocks, built.runner
         self.model, self.model_config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer

@@ -21,6 +21,7 @@ from server.dashboard.routes import install_dashboard
 from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
+from server.load_report import install_load_route
 from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.security import install_access_control
@@ -86,6 +87,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
+    install_load_route(app)
     if bridge.observer is not None:
         install_dashboard(app, bridge.observer, api_key_required=bool(api_key))
     if fault_injection:

@@ -97,15 +97,21 @@ class ServerMetrics:
         self.num_waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         # The engine reports running totals; Prometheus counters only move forward by increments.
-        for counter, name in ((self.preemptions, "num_preemptions_total"),
-                              (self.prefix_queries, "prefix_cache_queries_total"),
-                              (self.prefix_hits, "prefix_cache_hits_total")):
-            increment = getattr(stats, name) - getattr(self._seen, name)
+        seen = self._seen
+        for counter, increment in (
+                (self.preemptions, stats.num_preemptions_total - seen.num_preemptions_total),
+                (self.prefix_queries, stats.prefix_cache_queries_total - seen.prefix_cache_queries_total),
+                (self.prefix_hits, stats.prefix_cache_hits_total - seen.prefix_cache_hits_total)):
             if increment > 0:
                 counter.inc(increment)
         for seconds in stats.grammar_compile_seconds:
             self.grammar_compile.observe(seconds)
         self._seen = stats
+
+    @property
+    def last_stats(self) -> EngineStats:
+        """The engine's stats after its latest step (all zero before the first)."""
+        return self._seen
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

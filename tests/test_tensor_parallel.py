@@ -2,8 +2,12 @@
 chunked prefill, preemption and prefix hits in the same runs; shard shapes and startup errors."""
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from engine.distributed import parallel_state as ps
@@ -108,3 +112,16 @@ def test_startup_errors_are_value_errors(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             LLM(model=str(path), device="cuda", tensor_parallel_size=2)
+
+
+def test_failed_load_leaves_no_rank_behind(tmp_path):
+    """Every rank refuses a checkpoint with a missing tensor: a ValueError, no worker, no process group."""
+    path = make_checkpoint(tmp_path, "llama")
+    (file,) = path.glob("*.safetensors")
+    tensors = load_file(str(file))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="missing tensors"):
+        LLM(model=str(path), device="cpu", tensor_parallel_size=2)
+    assert not dist.is_initialized()
+    assert not multiprocessing.active_children()

@@ -80,7 +80,7 @@ class WorkerGroup:
             rank_device(plan.config, 0, top.ranks_per_node)
             ps.init(0, top.how)
         except BaseException:
-            group.shutdown()
+            group.shutdown(graceful=False)
             raise
         group.channel = StepChannel()
         log.info("tensor parallelism: %d ranks (%s, %d per node) at %s:%d; worker pids %s", top.how.world_size,
@@ -99,9 +99,14 @@ class WorkerGroup:
         if reason is not None:
             raise RuntimeError(reason)
 
-    def shutdown(self) -> None:
-        """Tells the workers to stop (when they all live), then makes sure they are gone."""
-        if self.channel is not None and self.dead() is None:
+    def shutdown(self, graceful: bool = True) -> None:
+        """Tells the workers to stop (when they all live and wait for a step), then makes sure they are gone.
+        graceful=False (a failed startup: the workers may be inside a collective, not reading the channel)
+        kills them at once."""
+        if not graceful:
+            for p in self.processes:
+                p.kill()
+        elif self.channel is not None and self.dead() is None:
             try:
                 self.channel.send_stop()
             except Exception:   # a peer already gone: the processes are reaped below
