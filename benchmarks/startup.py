@@ -3,6 +3,7 @@ processes spent getting there, and memory after load.
 
     python benchmarks/startup.py                      # the default model (SmolLM2-135M-Instruct), CPU
     python benchmarks/startup.py --runs 5 -- --model tiny-random --dtype bfloat16
+    python benchmarks/startup.py --phases             # in-process: CPU seconds of each step of loading
 
 Each run starts a fresh server process (arguments after `--` are passed to `pagedserve serve`), polls
 /health every 20 ms, then reads the resident memory (VmRSS) and CPU time (user + system) of the server and
@@ -62,11 +63,52 @@ def one_run(serve_args: list[str]) -> tuple[float, dict[int, tuple[int, float]]]
         server.stop()
 
 
+def load_phases() -> None:
+    """Loads the default model in this process step by step, printing wall and CPU seconds of each step."""
+    import resource
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    last = [time.monotonic(), cpu()]
+
+    def mark(step: str) -> None:
+        now, used = time.monotonic(), cpu()
+        print(f"{step:<34} wall {now - last[0]:6.2f} s   CPU {used - last[1]:6.2f} s", flush=True)
+        last[:] = [now, used]
+
+    import torch
+    mark("import torch")
+    import transformers  # noqa: F401
+    mark("import transformers")
+    from engine import gguf_loader, loader
+    from engine.default_model import default_model_file
+    from engine.models.config import ModelConfig
+    mark("import engine")
+    path = default_model_file()
+    file = gguf_loader.open_gguf(path)
+    cfg = ModelConfig.from_hf(gguf_loader.hf_config(file))
+    mark("read GGUF header and config")
+    model = loader._empty_model(cfg, torch.float32, torch.device("cpu"), cfg.max_position_embeddings)
+    mark("allocate the model (float32)")
+    tensors = list(gguf_loader.named_tensors(file, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers))
+    mark("dequantize every tensor")
+    loader.load_tensors(model, tensors)
+    mark("copy into the model (fusing q/k/v)")
+    gguf_loader.load_tokenizer(path)
+    mark("tokenizer")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--phases", action="store_true", help="profile the steps of loading, in-process")
     parser.add_argument("serve_args", nargs="*", help="arguments for `pagedserve serve` (after --)")
     args = parser.parse_args()
+    if args.phases:
+        load_phases()
+        return 0
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     times, totals, cpus = [], [], []
     for i in range(args.runs):

@@ -42,7 +42,7 @@ def make_prompts(seed: int, num: int, low: int, high: int, vocab: int) -> list[l
     return [rng.integers(0, vocab, n).tolist() for n in lens]
 
 
-def workload_spec(name: str, vocab: int, kv_tokens: int) -> dict:
+def workload_spec(name: str, vocab: int, kv_tokens: int, pressure_prompts: int = 256) -> dict:
     """Plain JSON, so both workers read exactly the same token ids."""
     if name == "batch64":
         return {"name": name, "prompts": make_prompts(1, 64, 64, 256, vocab), "max_tokens": 128,
@@ -50,7 +50,7 @@ def workload_spec(name: str, vocab: int, kv_tokens: int) -> dict:
     if name == "stream":
         return {"name": name, "prompts": make_prompts(2, 1, 512, 512, vocab), "max_tokens": 256,
                 "max_num_seqs": 64, "kv_tokens": None}
-    return {"name": name, "prompts": make_prompts(3, 256, 1, 1024, vocab), "max_tokens": 64,
+    return {"name": name, "prompts": make_prompts(3, pressure_prompts, 1, 1024, vocab), "max_tokens": 64,
             "max_num_seqs": 64, "kv_tokens": kv_tokens}
 
 
@@ -212,6 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {DTYPES}")
     p.add_argument("--engines", default="pagedserve,vllm", help="comma-separated: pagedserve, vllm")
     p.add_argument("--pressure-kv-tokens", type=int, default=16384, help="KV capacity in the pressure workload")
+    p.add_argument("--pressure-prompts", type=int, default=256, help="requests in the pressure workload")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both workers (default: theirs)")
     p.add_argument("--out", default=None, metavar="FILE.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = [g for g in ([n for n in names if n != "pressure"], [n for n in names if n == "pressure"]) if g]
     rows = []
     for group in groups:
-        specs = [workload_spec(n, vocab, args.pressure_kv_tokens) for n in group]
+        specs = [workload_spec(n, vocab, args.pressure_kv_tokens, args.pressure_prompts) for n in group]
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump(specs, f)
             f.flush()

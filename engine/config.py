@@ -41,6 +41,13 @@ class EngineConfig:
     # asynchronously; off on CPU, where the forward would compete with the host work for the same cores.
     async_scheduling: bool | None = None
     grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
+    # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
+    # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -62,6 +69,21 @@ class EngineConfig:
             raise ValueError("grammar_compile_timeout must be > 0 seconds.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        tp, nnodes = self.tensor_parallel_size, self.nnodes
+        if tp < 1 or nnodes < 1:
+            raise ValueError("tensor_parallel_size and nnodes must be >= 1.")
+        if tp % nnodes:
+            raise ValueError(f"tensor_parallel_size {tp} must be a multiple of nnodes {nnodes} "
+                             "(the same number of ranks on every node).")
+        if not 0 <= self.node_rank < nnodes:
+            raise ValueError(f"node_rank must be in [0, {nnodes - 1}], got {self.node_rank}.")
+        if tp > 1 and self.async_scheduling:
+            raise ValueError("async_scheduling is not supported with tensor_parallel_size > 1 yet.")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}.")
 
     def resolved(self) -> EngineConfig:
         """Replace every 'auto' by the concrete choice for this machine."""
@@ -77,6 +99,12 @@ class EngineConfig:
         if backend == "auto":
             backend = "triton" if device.startswith("cuda") else "cpu"
         overlap = device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
+        overlap = overlap and self.tensor_parallel_size == 1   # workers would need the sampled tokens
+        if device.startswith("cuda") and self.tensor_parallel_size > 1:
+            local_ranks, have = self.tensor_parallel_size // self.nnodes, torch.cuda.device_count()
+            if local_ranks > have:
+                raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} needs {local_ranks} GPUs on "
+                                 f"this node but {have} are visible.")
         return replace(self, device=device, dtype=dtype, attention_backend=backend, async_scheduling=overlap)
 
     @property

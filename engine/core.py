@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
+import msgspec
 import zmq
 
 from engine import faults
@@ -102,22 +103,41 @@ def run_engine_process(config: EngineConfig, input_addr: str, output_addr: str, 
     loop = EngineLoop(engine, deliver, on_death)
     out.send(encoder.encode(EngineReady(engine.info)))
     loop.start()
-    code = _serve_inputs(inp, loop, injector, parent_pid)
+    code = _serve_inputs(inp, loop, injector, parent_pid, engine)
     loop.shutdown(timeout=5.0)
-    ctx.destroy(linger=_LINGER_MS if os.getppid() == parent_pid else 0)
+    if hasattr(engine, "shutdown"):   # tensor-parallel worker ranks
+        engine.shutdown()
+    # After a Shutdown (or without a front end) nobody reads the step outputs still queued: do not wait on
+    # them. After the loop's death, give its EngineFailed a moment to leave.
+    ctx.destroy(linger=_LINGER_MS if code != 0 and os.getppid() == parent_pid else 0)
     sys.exit(code)
 
 
-def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjector | None, parent_pid: int) -> int:
+def _reject(loop: EngineLoop, raw: zmq.Frame, exc: Exception) -> None:
+    """A message the front end accepted but this process cannot decode. It happens: e.g. a subnormal top_p
+    that a library loaded here (fast-math code flushing denormals) reads back as 0.0. Fail that request."""
+    fields = msgspec.msgpack.decode(raw)
+    logger.error("engine process: refusing a message that does not decode here: %s", exc)
+    if isinstance(fields, list) and len(fields) > 1 and fields[0] == "AddRequest":
+        loop.reject(str(fields[1]), f"The engine cannot accept these sampling parameters: {exc}.")
+
+
+def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjector | None, parent_pid: int,
+                  engine: Engine) -> int:
     """Feeds the loop until Shutdown (0), the loop's death (1) or the front end's disappearance (0)."""
     _, decoder = input_codec()
     while True:
         if inp.poll(_POLL_MS):
             while True:
                 try:
-                    msg = decoder.decode(inp.recv(zmq.NOBLOCK, copy=False))
+                    raw = inp.recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
+                try:
+                    msg = decoder.decode(raw)
+                except msgspec.ValidationError as exc:
+                    _reject(loop, raw, exc)      # never let one request take the engine down
+                    continue
                 if isinstance(msg, AddRequest):
                     loop.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time)
                 elif isinstance(msg, AbortRequest):
@@ -128,6 +148,11 @@ def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjec
                 elif isinstance(msg, Shutdown):
                     logger.info("engine process: shutdown requested")
                     return 0
+        dead_worker = getattr(engine, "dead_worker", None)
+        reason = dead_worker() if dead_worker is not None else None
+        if reason is not None and loop.alive:   # fail the open requests on the loop thread, then exit 1
+            logger.error("engine process: %s", reason)
+            loop.kill(RuntimeError(reason))
         if not loop.alive:
             return EXIT_ENGINE_FAILED
         if os.getppid() != parent_pid:

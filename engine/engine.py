@@ -5,20 +5,19 @@ import copy
 import itertools
 import logging
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from engine import device_info, loader
+from engine import device_info
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
-from engine.kv_sizing import choose_num_blocks
 from engine.model_info import ModelInfo, TokenizerSource
-from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
 from engine.request import Request, SeqStatus, Sequence
+from engine.runner_setup import build_runner, plan_model
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -46,32 +45,26 @@ class StepTiming:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from engine.default_model import resolve  # the built-in model is built on first use
-        self.config = cfg = config.resolved()
+        self.plan = plan = plan_model(config)
+        self.config = cfg = plan.config
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
-        resolved = resolve(cfg.model)
-        model_dir, self.model_name = resolved.path, resolved.name
-        model_cfg = loader.load_model_config(Path(model_dir))
-        self.max_model_len = self._max_model_len(model_cfg)
-        hd = model_cfg.head_dim
-        triton_fits = hd & (hd - 1) == 0 and 16 <= hd <= 256
-        if config.attention_backend == "auto" and cfg.attention_backend == "triton" and not triton_fits:
-            log.warning("head_dim %d is not supported by the Triton kernels; using the torch backend", hd)
-            self.config = cfg = replace(cfg, attention_backend="torch")
-        loaded = loader.load(model_dir, cfg.torch_dtype, self.device, self.max_model_len)
+        model_dir, self.model_name = plan.model_dir, plan.model_name
+        self.max_model_len = plan.max_model_len
+        self.workers: WorkerGroup | None = None
+        if cfg.tensor_parallel_size > 1:     # ranks 1.. start first: joining the group waits for all of them
+            self.workers = WorkerGroup.start(plan)
+        try:
+            built = build_runner(plan, self.device)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.shutdown(graceful=False)
+            raise
+        loaded, self.num_kv_blocks, self.runner = built.loaded, built.num_kv_blocks, built.runner
         self.model, self.model_config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self.default_sampling = loaded.generation_defaults
         self.eos_token_ids = loaded.eos_token_ids
-        self.vocab_size = model_cfg.vocab_size
-        if cfg.attention_backend == "triton":
-            self.model.use_triton_kernels()
-        self.num_kv_blocks = choose_num_blocks(cfg, self.model, self.max_model_len, self.device)
-        graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
-        self.runner = ModelRunner(self.model, self.num_kv_blocks, cfg.block_size, cfg.attention_backend,
-                                  cfg.max_num_seqs, self.device, cfg.torch_dtype, self.max_model_len, graph_batch)
-        if self.runner.graphs is not None:
-            self.runner.graphs.capture()
+        self.vocab_size = plan.model_config.vocab_size
         self.info = ModelInfo(
             self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
             cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
@@ -88,7 +81,8 @@ class LLMEngine:
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
-        self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False)
+        self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False,
+                                     channel=self.workers.channel if self.workers is not None else None)
         self.in_flight: LaunchedStep | None = None
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -109,14 +103,15 @@ class LLMEngine:
         self._record_timings = on
         self.executor.sync_cuda = on and self.device.type == "cuda"
 
-    def _max_model_len(self, model_cfg) -> int:
-        limit = model_cfg.max_position_embeddings
-        if model_cfg.sliding_window:  # windows are not implemented: stay inside one window
-            limit = min(limit, model_cfg.sliding_window)
-        asked = self.config.max_model_len
-        if asked is not None and asked > limit:
-            raise ValueError(f"max_model_len {asked} exceeds what the model supports ({limit}).")
-        return asked or limit
+    def dead_worker(self) -> str | None:
+        """Why a tensor-parallel worker rank is gone (None: all alive, or no workers)."""
+        return None if self.workers is None else self.workers.dead()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel worker ranks and leaves the process group (no-op on one rank)."""
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            workers.shutdown()
 
     # requests -----------------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -181,6 +176,8 @@ class LLMEngine:
         Without overlap the launched batch completes within this call. With overlap the previous batch
         is resolved only after the next one is launched, so the device never waits for the host.
         """
+        if self.workers is not None:
+            self.workers.check()    # a dead rank ends the engine: its collectives can never complete
         deltas: list[RequestDelta] = []
         for req, error in self.structured.poll():   # grammars that failed to compile fail their request
             deltas += self._fail([req], ValueError(error), status=400)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.distributed.step_channel import StepChannel
 from engine.model_runner import ModelRunner, StepInputs
 from engine.outputs import StepStats
 from engine.request import Sequence
@@ -52,8 +53,10 @@ class StepTask:
 
 
 class StepExecutor:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, overlap: bool, sync_cuda: bool) -> None:
-        self.runner, self.sampler = runner, sampler
+    def __init__(self, runner: ModelRunner, sampler: Sampler, overlap: bool, sync_cuda: bool,
+                 channel: StepChannel | None = None) -> None:
+        """channel: tensor parallelism's link to the other ranks, which run the same forward."""
+        self.runner, self.sampler, self.channel = runner, sampler, channel
         self.sync_cuda = sync_cuda
         device = runner.device
         # The current CUDA device is per thread: the worker must use the engine's.
@@ -73,6 +76,8 @@ class StepExecutor:
     @torch.inference_mode()
     def run(self, task: StepTask) -> StepResult:
         t0 = time.perf_counter()
+        if self.channel is not None:
+            self.channel.send_step(task.inputs.packed, task.block_copies)
         self.runner.copy_blocks(task.block_copies)
         if task.inputs.fill_dst is not None:
             task.inputs.input_ids[task.inputs.fill_dst] = self._previous_tokens(task)

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine import gguf_loader
+from engine.distributed import parallel_state
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 
@@ -77,28 +78,79 @@ def _target(name: str) -> tuple[str, object]:
     return name, None
 
 
-def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: object, cfg: ModelConfig) -> None:
-    if shard is None:
-        rows = slice(0, param.shape[0])
-    elif shard in ("q", "k", "v"):
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        start = {"q": 0, "k": q, "v": q + kv}[shard]
-        rows = slice(start, start + (q if shard == "q" else kv))
-    else:
-        rows = slice(shard * cfg.intermediate_size, (shard + 1) * cfg.intermediate_size)
-    dst = param.data[rows]
+@dataclass(frozen=True)
+class _Part:
+    """This rank's part of a checkpoint tensor: `length` entries from `start` along `dim` (whose full size is
+    `full`), copied to rows `row`.. of our (fused, per-rank) parameter; start None: the whole tensor."""
+    dim: int = 0
+    start: int | None = None
+    length: int = 0
+    full: int = 0
+    row: int = 0
+
+
+def _part(target: str, shard: object, cfg: ModelConfig, rank: int, tp: int) -> _Part:
+    """Column-parallel weights (q/k/v, gate/up, vocabulary rows) split dim 0, row-parallel ones dim 1."""
+    hd = cfg.head_dim
+    if shard in ("q", "k", "v"):
+        local = parallel_state.shard_config(cfg, tp)
+        q, kv = local.num_heads * hd, local.num_kv_heads * hd
+        if shard == "q":
+            return _Part(0, rank * q, q, cfg.num_heads * hd, 0)
+        start = parallel_state.kv_head_start(cfg.num_kv_heads, rank, tp) * hd
+        return _Part(0, start, kv, cfg.num_kv_heads * hd, q if shard == "k" else q + kv)
+    if shard is not None:   # gate (0) / up (1)
+        width = cfg.intermediate_size // tp
+        return _Part(0, rank * width, width, cfg.intermediate_size, shard * width)
+    if tp == 1:
+        return _Part()
+    if target.endswith("o_proj.weight"):
+        width = cfg.num_heads * hd // tp
+        return _Part(1, rank * width, width, cfg.num_heads * hd)
+    if target.endswith("down_proj.weight"):
+        width = cfg.intermediate_size // tp
+        return _Part(1, rank * width, width, cfg.intermediate_size)
+    if target in ("embed_tokens.weight", "lm_head.weight"):
+        rows = parallel_state.padded_vocab(cfg.vocab_size, tp)
+        return _Part(0, rank * rows, max(0, min(rows, cfg.vocab_size - rank * rows)), cfg.vocab_size)
+    return _Part()              # replicated (norms)
+
+
+def _read(source, part: _Part) -> torch.Tensor:
+    """The part of a torch tensor or a safetensors slice (read lazily: only this part leaves the file)."""
+    if part.start is None:
+        return source if isinstance(source, torch.Tensor) else source[:]
+    shape = tuple(source.shape) if isinstance(source, torch.Tensor) else tuple(source.get_shape())
+    if len(shape) <= part.dim or shape[part.dim] != part.full:
+        raise ValueError(f"tensor shape {shape} does not match the model's (dimension {part.dim} should be "
+                         f"{part.full}).")
+    end = part.start + part.length
+    if isinstance(source, torch.Tensor):
+        return source.narrow(part.dim, part.start, part.length)
+    return source[part.start:end] if part.dim == 0 else source[:, part.start:end]
+
+
+def _copy_shard(param: torch.Tensor, source, target: str, shard: object, cfg: ModelConfig) -> None:
+    part = _part(target, shard, cfg, parallel_state.tp_rank(), parallel_state.tp_world_size())
+    tensor = _read(source, part)
+    dst = param.data
+    if part.start is not None and part.dim == 0:
+        if part.length < param.shape[0] and shard is None:
+            dst.zero_()              # the vocabulary padding rows of the last rank stay 0
+        dst = dst[part.row:part.row + part.length]
     if dst.shape != tensor.shape:
         raise ValueError(f"tensor shape {tuple(tensor.shape)} does not match the model's {tuple(dst.shape)}.")
     dst.copy_(tensor)
 
 
-def safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, object]]:
+    """(name, safetensors slice) pairs: nothing is read until _copy_shard takes this rank's part."""
     show = sum(f.stat().st_size for f in files) > 1 << 30
     for path in tqdm(files, desc="Loading safetensors", disable=not show, unit="file"):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 if not name.endswith(_IGNORED_SUFFIXES):
-                    yield name, f.get_tensor(name)
+                    yield name, f.get_slice(name)
 
 
 def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -112,7 +164,7 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
         try:
-            _copy_shard(params[target], tensor, shard, model.config)
+            _copy_shard(params[target], tensor, target, shard, model.full_config)
         except ValueError as e:
             raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
         seen[target] = seen.get(target, 0) + 1

@@ -27,6 +27,19 @@ class StepInputs:
     # step's sampled-token tensor that fill them, on the device; None when there are none.
     fill_dst: torch.Tensor | None = None
     fill_src: torch.Tensor | None = None
+    packed: PackedStep | None = None        # the host form, which tensor parallelism sends to the other ranks
+
+
+@dataclass
+class PackedStep:
+    """A step's batch metadata on the host: every int field back to back in one int32 tensor."""
+    header: np.ndarray       # int64: num_seqs, block-table width, max_seqlen_q, max_seqlen_k, decode-only,
+                             # then the length of each of the NUM_FIELDS fields
+    host: torch.Tensor
+
+
+NUM_FIELDS = 9
+HEADER_LEN = 5 + NUM_FIELDS
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -80,15 +93,21 @@ class ModelRunner:
         fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
         fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
                   fill_dst, fill_src)
-        host = torch.from_numpy(np.concatenate(fields).astype(np.int32))
+        header = np.array([len(items), width, q_lens.max(), seq_lens.max(), (q_lens == 1).all(),
+                           *(len(f) for f in fields)], np.int64)
+        return self.unpack(PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32))))
+
+    def unpack(self, packed: PackedStep) -> StepInputs:
+        """The one host->device copy of the step, split into views on the device."""
+        host = packed.host
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.pin else host.to(self.device)
-        parts = dev.split([len(f) for f in fields])
+        num_seqs, width, max_q, max_k, decode_only = (int(v) for v in packed.header[:5])
+        parts = dev.split(packed.header[5:].tolist())
         meta = AttentionMetadata(
-            slot_mapping=parts[2], block_tables=parts[6].view(len(items), width), seq_lens=parts[3],
-            cu_seqlens_q=parts[4], max_seqlen_q=int(q_lens.max()), max_seqlen_k=int(seq_lens.max()),
-            is_decode_only=bool((q_lens == 1).all()))
-        fills = (parts[7], parts[8]) if len(fill_dst) else (None, None)
-        return StepInputs(parts[0], parts[1], meta, parts[5], *fills)
+            slot_mapping=parts[2], block_tables=parts[6].view(num_seqs, width), seq_lens=parts[3],
+            cu_seqlens_q=parts[4], max_seqlen_q=max_q, max_seqlen_k=max_k, is_decode_only=bool(decode_only))
+        fills = (parts[7], parts[8]) if len(parts[7]) else (None, None)
+        return StepInputs(parts[0], parts[1], meta, parts[5], *fills, packed=packed)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import msgspec
 
 
-class TokenLogprob(msgspec.Struct, array_like=True):
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
     """Log-probabilities at one generated position (of the model's raw distribution)."""
     token_id: int
     logprob: float
@@ -18,7 +18,7 @@ class TokenLogprob(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]] = []             # (token_id, logprob), best first
 
 
-class RequestTimings(msgspec.Struct, array_like=True):
+class RequestTimings(msgspec.Struct, array_like=True, gc=False):
     """Monotonic timestamps (time.monotonic(), one clock for every process on the host) of a request."""
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -26,7 +26,7 @@ class RequestTimings(msgspec.Struct, array_like=True):
     finished_time: float | None = None
 
 
-class SequenceDelta(msgspec.Struct, array_like=True):
+class SequenceDelta(msgspec.Struct, array_like=True, gc=False):
     """New tokens of one sample (index 0..n-1) of a request in one step."""
     index: int
     new_token_ids: list[int]
@@ -35,7 +35,7 @@ class SequenceDelta(msgspec.Struct, array_like=True):
     stop_reason: int | None = None     # the stop_token_ids entry that ended it (None for eos)
 
 
-class RequestDelta(msgspec.Struct, array_like=True):
+class RequestDelta(msgspec.Struct, array_like=True, gc=False):
     """One request's news in one engine step; the last one has finished=True."""
     request_id: str
     seqs: list[SequenceDelta]
@@ -47,7 +47,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
 
 
-class StepStats(msgspec.Struct, array_like=True):
+class StepStats(msgspec.Struct, array_like=True, gc=False):
     """The step the engine just launched: what it computed and how long the step() call took (with overlap
     that call also waits for the previous batch, so in a steady state it is the step period)."""
     seconds: float
@@ -58,7 +58,7 @@ class StepStats(msgspec.Struct, array_like=True):
     preempted: list[str] = []          # request ids preempted while scheduling it
 
 
-class EngineStats(msgspec.Struct, array_like=True):
+class EngineStats(msgspec.Struct, array_like=True, gc=False):
     """Scheduler state after a step, for /metrics and the dashboard."""
     num_running: int = 0
     num_waiting: int = 0

@@ -21,6 +21,7 @@ from server.dashboard.routes import install_dashboard
 from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
+from server.load_report import install_load_route
 from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.security import install_access_control
@@ -44,7 +45,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                engine_stall_timeout: float | None = None, api_key: str | None = None,
                allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
                chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",),
-               dashboard: DashboardOptions | None = None) -> FastAPI:
+               dashboard: DashboardOptions | None = None, vllm_metric_names: bool = False) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
@@ -53,7 +54,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     answers 503; api_key: required as a Bearer token on every route but /health and /metrics;
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
     allowed_hosts: Host header names answered ("*": any); dashboard: GET /dashboard and /v1/stats (on unless
-    its `enabled` is False)."""
+    its `enabled` is False); vllm_metric_names: /metrics also under vLLM's names (vllm:*)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     chat_options = chat_options or ChatOptions()
@@ -62,7 +63,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     info = client.info
     name = served_model_name or info.model_name
     tokenizer = info.tokenizer.load()
-    metrics = ServerMetrics(name, info.max_model_len)
+    metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
     ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
@@ -86,6 +87,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
+    install_load_route(app)
     if bridge.observer is not None:
         install_dashboard(app, bridge.observer, api_key_required=bool(api_key))
     if fault_injection:

@@ -59,11 +59,11 @@ class _ChatView:
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
-    def events(self, stream: GenerationStream) -> AsyncIterator[str]:
+    def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
         fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name)
         # The first chunk of each choice announces the role, as OpenAI's stream does. It goes out with the
         # first tokens, not before the prefill: clients time the first token from the first chunk (vLLM too).
-        role = "".join(fmt.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
+        role = b"".join(fmt.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
                                   "finish_reason": None}) for c in stream.choices)
         return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, with_first_update=role)
 

@@ -59,7 +59,18 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"pagedserve serve: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format=_LOG_FORMAT)
+    if config.node_rank > 0:    # another node of a multi-node tensor-parallel engine: its ranks, no HTTP
+        return run_worker_node(config)
     return serve(settings, config)
+
+
+def run_worker_node(config: EngineConfig) -> int:
+    from engine.distributed.workers import run_node
+    try:
+        return run_node(config)
+    except ValueError as exc:
+        print(f"pagedserve serve: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def chat_options(settings: ServeSettings):
@@ -93,7 +104,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          api_key=settings.api_key, allowed_origins=settings.allowed_origins,
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
                          allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
-                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts))
+                         dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts),
+                         vllm_metric_names=settings.vllm_metric_names)
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

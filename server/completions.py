@@ -97,11 +97,11 @@ class _CompletionView:
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
-    def events(self, stream: GenerationStream) -> AsyncIterator[str]:
+    def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
         fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name)
-        echo = "".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
+        echo = b"".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
                                               self._logprobs(i, [], [], with_prompt=True), None, None))
-                       for i in range(len(stream.choices))) if self.echo_texts else ""
+                       for i in range(len(stream.choices))) if self.echo_texts else b""
         return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, first=echo)
 
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:

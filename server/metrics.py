@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from engine.outputs import EngineStats, RequestTimings
+from server.vllm_metrics import VllmAliasCollector
 
 CONTENT_TYPE = _CONTENT_TYPE
 # No `*_created` series: they double the series count of every counter and histogram for a timestamp that
@@ -40,19 +41,24 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, vllm_metric_names: bool = False) -> None:
+        """vllm_metric_names: also serve the metrics vLLM has under its names (vllm:*), same values."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         r, label = self.registry, ["model_name"]
+        families = {}       # family name -> metric object, for the vLLM aliases
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, label, registry=r).labels(model_name)
+            families[name] = Gauge(name, doc, label, registry=r)
+            return families[name].labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, label, registry=r).labels(model_name)
+            families[name] = Counter(name, doc, label, registry=r)
+            return families[name].labels(model_name)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, label, buckets=buckets, registry=r).labels(model_name)
+            families[name] = Histogram(name, doc, label, buckets=buckets, registry=r)
+            return families[name].labels(model_name)
 
         self.num_running = gauge("pagedserve_num_requests_running", "Requests in the running batch.")
         self.num_waiting = gauge("pagedserve_num_requests_waiting", "Requests waiting to be scheduled.")
@@ -65,6 +71,7 @@ class ServerMetrics:
         success = Counter("pagedserve_request_success", "Finished requests by finish reason.",
                           ["model_name", "finished_reason"], registry=r)
         self.success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        families["pagedserve_request_success"] = success
         self.ttft = histogram("pagedserve_time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS)
         self.itl = histogram("pagedserve_inter_token_latency_seconds", "Time between a request's steps.", _ITL_BUCKETS)
         self.e2e = histogram("pagedserve_e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
@@ -81,6 +88,8 @@ class ServerMetrics:
                                             "Requests constrained by a JSON schema, regex, choice, grammar or tool call.")
         self.rejected = counter("pagedserve_num_requests_rejected", "Requests refused with HTTP 429 (queue full).")
         self._seen = EngineStats()
+        if vllm_metric_names:
+            r.register(VllmAliasCollector(families))
 
     def observe_stats(self, stats: EngineStats) -> None:
         """Called once per engine step (on the event loop)."""
@@ -88,15 +97,21 @@ class ServerMetrics:
         self.num_waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         # The engine reports running totals; Prometheus counters only move forward by increments.
-        for counter, name in ((self.preemptions, "num_preemptions_total"),
-                              (self.prefix_queries, "prefix_cache_queries_total"),
-                              (self.prefix_hits, "prefix_cache_hits_total")):
-            increment = getattr(stats, name) - getattr(self._seen, name)
+        seen = self._seen
+        for counter, increment in (
+                (self.preemptions, stats.num_preemptions_total - seen.num_preemptions_total),
+                (self.prefix_queries, stats.prefix_cache_queries_total - seen.prefix_cache_queries_total),
+                (self.prefix_hits, stats.prefix_cache_hits_total - seen.prefix_cache_hits_total)):
             if increment > 0:
                 counter.inc(increment)
         for seconds in stats.grammar_compile_seconds:
             self.grammar_compile.observe(seconds)
         self._seen = stats
+
+    @property
+    def last_stats(self) -> EngineStats:
+        """The engine's stats after its latest step (all zero before the first)."""
+        return self._seen
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -123,6 +123,14 @@ OPTIONS: tuple[Option, ...] = (
     _engine("attention_backend", str, "Attention implementation.", ATTENTION_BACKENDS),
     _engine("enable_prefix_caching", parse_bool, "Reuse KV blocks of identical prompt prefixes."),
     _engine("seed", int, "Seed of the engine's random generator (unseeded requests)."),
+    _engine("tensor_parallel_size", _positive_int, "Ranks the model is split over (torch.distributed: NCCL on "
+            "CUDA, one GPU per rank; gloo on CPU)."),
+    _engine("nnodes", _positive_int, "Nodes the tensor-parallel ranks span (tensor-parallel-size / nnodes per node)."),
+    _engine("node_rank", int, "This node's index; node 0 serves HTTP, the others only run their ranks."),
+    _engine("master_addr", _optional_str, "Address of node 0 where the ranks meet (default: env MASTER_ADDR, else "
+            "127.0.0.1)."),
+    _engine("master_port", _optional_int, "Port the ranks meet on (default: env MASTER_PORT, else a free port; "
+            "required with --nnodes > 1)."),
     Option("max_body_bytes", _positive_int, DEFAULT_MAX_BODY_BYTES, "Largest request body accepted (bigger: HTTP 413)."),
     Option("stream_interval", _positive_int, 1, "Engine steps per streamed chunk (first token and finish are never held "
                                       "back); above 1 trades smoothness for throughput."),
@@ -151,6 +159,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
     Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
            "dashboard (anyone with access to it can read them)."),
+    Option("vllm_metric_names", parse_bool, False, "Also serve /metrics under vLLM's names (vllm:num_requests_waiting, "
+           "vllm:num_requests_running, vllm:kv_cache_usage_perc, ...) for routers and autoscalers built for vLLM."),
     Option("log_level", str, "info", "Log level.", ("debug", "info", "warning", "error")),
     Option("access_log", parse_bool, True, "Log one line per HTTP request."),
 )

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -21,18 +21,18 @@ from server.generation import ChoiceDelta, GenerationError, GenerationStream
 from server.protocol import usage_dict
 
 T = TypeVar("T")
-DONE = "data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
 
-def dumps(obj: Any) -> str:
-    # allow_nan=False: a NaN must never reach a client as invalid JSON (logprobs are clamped before this).
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# msgspec writes compact UTF-8 JSON several times faster than json.dumps, and a NaN as null, never as the
+# invalid `NaN` (logprobs are clamped before this anyway). Events are bytes from here to the socket.
+dumps = msgspec.json.Encoder().encode
 
 
-def sse_event(obj: Any) -> str:
-    return f"data: {dumps(obj)}\n\n"
+def sse_event(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -47,18 +47,18 @@ class ChunkFormat:
 
     def __init__(self, response_id: str, obj: str, created: int, model: str) -> None:
         head = dumps({"id": response_id, "object": obj, "created": created, "model": model})
-        self._head = "data: " + head[:-1] + ',"choices":['
+        self._head = b"data: " + head[:-1] + b',"choices":['
 
-    def event(self, choice: dict[str, Any]) -> str:
-        return f"{self._head}{dumps(choice)}]}}\n\n"
+    def event(self, choice: dict[str, Any]) -> bytes:
+        return b"".join((self._head, dumps(choice), b"]}\n\n"))
 
-    def usage_event(self, usage: dict[str, int]) -> str:
-        return f'{self._head}],"usage":{dumps(usage)}}}\n\n'
+    def usage_event(self, usage: dict[str, int]) -> bytes:
+        return b"".join((self._head, b'],"usage":', dumps(usage), b"}\n\n"))
 
 
 async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
                         render: Callable[[ChoiceDelta], dict[str, Any] | None], include_usage: bool,
-                        first: str = "", with_first_update: str = "") -> AsyncIterator[str]:
+                        first: bytes = b"", with_first_update: bytes = b"") -> AsyncIterator[bytes]:
     """The body of a completions or chat stream: `first` (echo chunks) at once, `with_first_update` (chat's
     role chunks) in front of the first update, one chunk per choice update that `render` keeps, the usage
     chunk when asked for, then [DONE]. A failure after the stream started is reported in-band, as an error
@@ -68,8 +68,8 @@ async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
             yield first
         pending = with_first_update
         async for deltas in stream.updates():
-            yield pending + "".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
-            pending = ""
+            yield pending + b"".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
+            pending = b""
         if include_usage:
             yield fmt.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
     except GenerationError as exc:
@@ -82,9 +82,9 @@ async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
 
 
 class SSEResponse(Response):
-    """Streams `data: ...` events from an async iterator of str; a disconnect closes the iterator."""
+    """Streams `data: ...` events from an async iterator of bytes; a disconnect closes the iterator."""
 
-    def __init__(self, body: AsyncIterator[str]) -> None:
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
         self._events = body
         self.status_code = 200
         self.background = None
@@ -107,7 +107,7 @@ class SSEResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         async for piece in self._events:
             if piece:
-                await send({"type": "http.response.body", "body": piece.encode("utf-8"), "more_body": True})
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

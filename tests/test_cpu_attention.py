@@ -84,3 +84,11 @@ def test_auto_dtype_and_backend_on_cpu(monkeypatch, amx, expected):
     cfg = EngineConfig(device="cpu").resolved()
     assert (cfg.dtype, cfg.attention_backend) == (expected, "cpu")
     assert EngineConfig(device="cpu", dtype="float32").resolved().dtype == "float32"
+
+
+def test_loading_the_kernel_keeps_denormals() -> None:
+    """The library must not switch the process to flush-to-zero (what linking -ffast-math code does): torch's
+    own arithmetic in the same process would change under it."""
+    assert load_kernel() is not None
+    tiny = torch.tensor([1e-39], dtype=torch.float32)
+    assert (tiny * 1.0).item() > 0.0

@@ -17,8 +17,7 @@ from engine.default_model import resolve
 from engine.gguf_loader import hf_config, load_tokenizer, open_gguf
 from engine.loader import _empty_model, load_tensors
 from engine.tiny_model import build_checkpoint
-from tests.gguf_files import (BAD_CASES, K_QUANTS, WRITABLE, bad_gguf_files, random_blocks,
-                              torch_dequantize, write_gguf)
+from tests.gguf_files import BAD_CASES, K_QUANTS, WRITABLE, bad_gguf_files, random_blocks, torch_dequantize, write_gguf
 from tests.helpers import hf_greedy, hf_model, random_prompts
 
 MAX_TOKENS = 12

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine import default_model
+from engine import LLM, SamplingParams, default_model
 from engine.default_model import DEFAULT_MODEL, INSTALL_HINT, resolve
 from tests.conftest import SMOLLM2_MAX_MODEL_LEN
 from tests.helpers import hf_greedy

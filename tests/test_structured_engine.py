@@ -163,3 +163,21 @@ def test_constraint_starts_after_the_reasoning_end(llm: LLM) -> None:
 def test_ignore_eos_still_ends_when_the_grammar_is_complete(llm: LLM) -> None:
     [out] = llm.generate("x", _params(StructuredOutputs(choice=["done"]), ignore_eos=True, max_tokens=30))
     assert all(c.text == "done" and c.finish_reason == "stop" for c in out.outputs)
+
+
+def test_bitmask_masks_exactly_the_disallowed_tokens_of_the_constrained_rows() -> None:
+    import torch
+
+    from engine.sampler import _apply_grammar_bitmask
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 100, generator=g)
+    mask = torch.randint(-2**31, 2**31 - 1, (2, 4), dtype=torch.int32, generator=g)
+    out = x.clone()
+    _apply_grammar_bitmask(out, torch.tensor([1, 3]), mask)
+    for row, m in ((1, mask[0]), (3, mask[1])):
+        allowed = [(int(m[t // 32]) >> (t % 32)) & 1 for t in range(100)]
+        assert all((out[row, t] == x[row, t]) if a else out[row, t] == float("-inf") for t, a in enumerate(allowed))
+    assert torch.equal(out[[0, 2, 4]], x[[0, 2, 4]])      # unconstrained rows untouched
+    every = x[[1, 3]].clone()                              # every row constrained: no gather
+    _apply_grammar_bitmask(every, None, mask)
+    assert torch.equal(every, out[[1, 3]])

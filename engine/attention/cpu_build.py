@@ -22,7 +22,11 @@ from engine.tiny_model import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
+# with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
+# process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 
 def _cpu_features() -> str:

@@ -4,7 +4,7 @@
 // heads sharing that KV head (GQA), so each K/V vector is loaded (and for bf16 converted) once for all of them.
 // Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
 // products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
-// keys 0..context_len + i. Built by engine/attention/cpu_build.py with -O3 -march=native -ffast-math -fopenmp;
+// keys 0..context_len + i. Built by engine/attention/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
 // OpenMP resolves to the runtime torch already loaded, so it shares torch's thread count.
 #include <cmath>
 #include <cstdint>
@@ -19,7 +19,7 @@ namespace {
 constexpr int KC = 16;        // keys per chunk: one AVX-512 register of fp32 scores
 constexpr int MAX_D = 256;    // largest head_dim
 constexpr int MAX_ROWS = 64;  // rows per work item (tile tokens x group)
-constexpr float NEG = -1e30f; // finite "minus infinity": -ffast-math assumes no infinities
+constexpr float NEG = -1e30f; // finite "minus infinity": exp(NEG - max) is 0 without inf arithmetic
 
 inline float load(const float* p) { return *p; }
 inline float load(const uint16_t* p) {  // bfloat16 -> fp32 is a shift

@@ -66,15 +66,17 @@ class StructuredOutputManager:
     def discard(self, request_id: str) -> None:
         self.pending.pop(request_id, None)
 
-    def bitmask(self, rows: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(row indices, bitmask) on the device for this step's constrained rows, or None."""
+    def bitmask(self, rows: list[Sequence], device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """(row indices, or None when every row is constrained; bitmask) on the device for this step's
+        constrained rows, or None when there are none."""
         if self._batch is None:
             return None
         built = fill_bitmask([s.matcher for s in rows], self.vocab_size, self._batch)
         if built is None:
             return None
         indices, mask = built
-        return torch.tensor(indices, device=device), mask.to(device, non_blocking=True)
+        index = None if len(indices) == len(rows) else torch.tensor(indices, device=device)
+        return index, mask.to(device, non_blocking=True)
 
     @staticmethod
     def accept(seq: Sequence, token: int) -> bool:

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 ENGINE_OPTIONS = ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
-                  "max_model_len", "gpu_memory_utilization", "enforce_eager", "attention_backend", "async_scheduling")
+                  "max_model_len", "gpu_memory_utilization", "enforce_eager", "attention_backend", "async_scheduling",
+                  "tensor_parallel_size")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -150,3 +150,13 @@ def test_server_still_serves_after_errors(http: httpx.Client) -> None:
     response = http.post("/v1/completions", json={**OK_COMPLETION, "ignore_eos": True})
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
     assert http.get("/health").status_code == 200
+
+
+def test_a_subnormal_float_does_not_take_the_engine_down(http: httpx.Client) -> None:
+    """5e-324 is a valid top_p to the front end; code loaded into the engine process may flush it to 0.0 when
+    the request is decoded there. Either it runs, or that request alone is refused; the engine goes on."""
+    body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, "top_p": 5e-324, "repetition_penalty": 5e-324}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code in (200, 400), response.text
+    assert http.get("/health").status_code == 200
+    assert_still_serving(http)

@@ -1,0 +1,1 @@
+"""Tensor parallelism over torch.distributed: process groups, sharded shapes, worker ranks, the step channel."""

@@ -1,0 +1,55 @@
+"""Tensor-parallel linear layers (Megatron-style) built on plain nn.Linear / nn.Embedding weights.
+
+Each rank holds a slice of every weight (engine/loader.py reads only that slice); with one rank every
+class here is exactly its torch parent. Collectives come from engine.distributed.parallel_state.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.distributed import parallel_state as ps
+
+
+class ColumnParallelLinear(nn.Linear):
+    """Output features split across ranks (fused QKV, gate/up): each rank computes its own columns and
+    feeds them to a row-parallel layer, so no collective is needed here."""
+
+
+class RowParallelLinear(nn.Linear):
+    """Input features split across ranks (o_proj, down_proj): each rank's product is a partial sum; one
+    all-reduce makes the full output on every rank."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = ps.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """This rank's rows of the (padded) vocabulary; tokens outside them embed to 0 before the all-reduce."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        # The checkpoint overwrites every weight: an explicit (uninitialised) weight skips Embedding's random
+        # init, whose normal_ on the meta device imports torch._dynamo (seconds of startup on a small CPU).
+        super().__init__(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
+        self.vocab_start = ps.tp_rank() * num_embeddings
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if ps.tp_world_size() == 1:
+            return super().forward(input_ids)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return ps.all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0))
+
+
+class ParallelLMHead(ColumnParallelLinear):
+    """Logits of this rank's vocabulary rows, gathered into the whole vocabulary (padding cut off)."""
+
+    def __init__(self, hidden_size: int, num_local_rows: int, vocab_size: int) -> None:
+        super().__init__(hidden_size, num_local_rows, bias=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ps.all_gather_last_dim(super().forward(x))[..., :self.vocab_size]

@@ -1,0 +1,70 @@
+"""--vllm-metric-names: every aliased metric carries exactly our values under vLLM's name and labels."""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.outputs import EngineStats, RequestTimings
+from server.metrics import RequestRecorder, ServerMetrics
+from server.vllm_metrics import OUR_PREFIX, VLLM_ALIASES, VLLM_PREFIX
+
+MODEL = "org/model-x"
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def busy_metrics(vllm_metric_names: bool) -> ServerMetrics:
+    """A known workload: two steps of stats, three requests (two finished by length, one aborted)."""
+    m = ServerMetrics(MODEL, max_model_len=128, vllm_metric_names=vllm_metric_names)
+    m.observe_stats(EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.375, num_preemptions_total=1,
+                                prefix_cache_queries_total=48, prefix_cache_hits_total=16))
+    m.observe_stats(EngineStats(num_running=2, num_waiting=5, kv_cache_usage=0.625, num_preemptions_total=4,
+                                prefix_cache_queries_total=80, prefix_cache_hits_total=32))
+    for i, reason in enumerate(("length", "length", "abort")):
+        rec = RequestRecorder(m)
+        timings = RequestTimings(10.0 * i, 10.0 * i + 0.5, 10.0 * i + 0.75, 10.0 * i + 2.0)
+        rec.on_delta(timings, num_prompt_tokens=7 + i, num_tokens=1, now=10.0 * i + 0.75)
+        rec.on_delta(timings, num_prompt_tokens=7 + i, num_tokens=3, now=10.0 * i + 1.25)
+        rec.on_finish(reason, timings, num_prompt_tokens=7 + i, now=10.0 * i + 2.0)
+    return m
+
+
+def test_off_by_default() -> None:
+    text = busy_metrics(False).render().decode()
+    assert "vllm:" not in text and "pagedserve_num_requests_waiting" in text
+
+
+def test_every_alias_equals_ours() -> None:
+    got = samples(busy_metrics(True).render().decode())
+    ours = {k: v for k, v in got.items() if k[0].startswith(OUR_PREFIX)}
+    compared = 0
+    for family, aliases in VLLM_ALIASES.items():
+        own = {k: v for k, v in ours.items() if k[0] == family or k[0].startswith(family + "_")}
+        assert own, family
+        for alias in aliases:
+            theirs = {k: v for k, v in got.items() if k[0] == alias or k[0].startswith(alias + "_")}
+            renamed = {(alias + name[len(family):], labels): v for (name, labels), v in own.items()}
+            assert theirs == renamed, alias       # same samples, labels (model_name, le, ...) and values
+            compared += len(theirs)
+    vllm_samples = [k for k in got if k[0].startswith(VLLM_PREFIX)]
+    assert compared == len(vllm_samples)      # nothing served as vllm:* that is not an alias of ours
+
+
+def test_the_values_routers_read() -> None:
+    got = samples(busy_metrics(True).render().decode())
+    label = (("model_name", MODEL),)
+    assert got[("vllm:num_requests_running", label)] == 2
+    assert got[("vllm:num_requests_waiting", label)] == 5
+    assert got[("vllm:kv_cache_usage_perc", label)] == 0.625
+    assert got[("vllm:gpu_cache_usage_perc", label)] == 0.625
+    assert got[("vllm:num_preemptions_total", label)] == 4
+    assert got[("vllm:prefix_cache_hits_total", label)] == 32
+    assert got[("vllm:prompt_tokens_total", label)] == 7 + 8 + 9
+    assert got[("vllm:generation_tokens_total", label)] == 3 * 4
+    assert got[("vllm:request_success_total", (("finished_reason", "length"), *label))] == 2
+    assert got[("vllm:request_success_total", (("finished_reason", "abort"), *label))] == 1
+    assert got[("vllm:time_to_first_token_seconds_count", label)] == 3
+    assert got[("vllm:time_to_first_token_seconds_sum", label)] == 3 * 0.75
+    assert got[("vllm:e2e_request_latency_seconds_count", label)] == 2      # aborted requests are not timed
