@@ -35,7 +35,7 @@ class ReasoningSplitter:
             tag = THINK_END if self.in_reasoning else THINK_START
             at = text.find(tag)
             if at < 0:
-                keep = _partial_tag_len(text, tag)
+                keep = partial_tag_len(text, tag)
                 if not self.in_reasoning and (self._seen_text or text[:len(text) - keep].strip()):
                     keep = 0       # <think> only opens reasoning at the very start of the output
                 piece, self._held = text[:len(text) - keep], text[len(text) - keep:]
@@ -67,7 +67,7 @@ def split_reasoning(text: str, in_reasoning: bool) -> tuple[str | None, str]:
     return (reasoning if reasoning or in_reasoning or THINK_START in text else None), c1 + c2
 
 
-def _partial_tag_len(text: str, tag: str) -> int:
+def partial_tag_len(text: str, tag: str) -> int:
     """Length of the longest end of `text` that is a proper beginning of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.reasoning import partial_tag_len
+
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 _HERMES_START, _HERMES_END = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -201,7 +203,7 @@ class ToolCallStream:
             tag = _HERMES_END if self._inside else _HERMES_START
             at = text.find(tag)
             if at < 0:
-                keep = _partial_len(text, tag)
+                keep = partial_tag_len(text, tag)
                 body, self._held = text[:len(text) - keep], text[len(text) - keep:]
                 if self._inside:
                     deltas += self.scanner.feed(body)
@@ -233,10 +235,3 @@ class ToolCallStream:
         """Text held back at the end (a partial tag that never completed) is content."""
         held, self._held = self._held, ""
         return "" if self.kind in ("named", "required") else held
-
-
-def _partial_len(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
