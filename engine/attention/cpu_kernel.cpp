@@ -1,10 +1,11 @@
-// Paged attention for CPU that reads K/V in place through the block tables (no dense copies).
+// Paged attention for CPU that reads K/V in place through the block tables (no dense copies), after writing
+// the step's new K/V into the cache in the same call.
 //
 // One work item = (sequence, KV head, tile of query tokens). Its rows are the tile's tokens times the query
 // heads sharing that KV head (GQA), so each K/V vector is loaded (and for bf16 converted) once for all of them.
 // Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
 // products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
-// keys 0..context_len + i. Built by engine/attention/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
+// keys 0..context_len + i. Built by engine/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
 // OpenMP resolves to the runtime torch already loaded, so it shares torch's thread count.
 #include <cmath>
 #include <cstdint>
@@ -190,14 +191,31 @@ void run(const Args& a, int num_seqs) {
   for (int64_t i = 0; i < n; ++i) run_item<T>(a, items[i]);
 }
 
+// Scatters the step's new K/V rows (heads contiguous, rows k_stride / v_stride elements apart: views of the
+// fused qkv output) into their cache slots; slot < 0 marks padding. One memcpy per token and tensor.
+void write_kv(const void* k, const void* v, void* k_cache, void* v_cache, const int32_t* slot_mapping,
+              int64_t num_tokens, int64_t k_stride, int64_t v_stride, int64_t row, int elem) {
+  auto* kc = static_cast<char*>(k_cache);
+  auto* vc = static_cast<char*>(v_cache);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    std::memcpy(kc + slot * row * elem, static_cast<const char*>(k) + t * k_stride * elem, row * elem);
+    std::memcpy(vc + slot * row * elem, static_cast<const char*>(v) + t * v_stride * elem, row * elem);
+  }
+}
+
 }  // namespace
 
-extern "C" int paged_attention(const void* q, const void* k_cache, const void* v_cache, void* out,
-                               const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
-                               const int32_t* cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads,
-                               int head_dim, int block_size, float scale, int is_bf16) {
+extern "C" int paged_attention(const void* q, const void* k, const void* v, void* k_cache, void* v_cache,
+                               void* out, const int32_t* slot_mapping, int64_t num_tokens, int64_t k_stride,
+                               int64_t v_stride, const int32_t* block_tables, int64_t bt_stride,
+                               const int32_t* seq_lens, const int32_t* cu_seqlens_q, int num_seqs, int num_heads,
+                               int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16) {
   if (head_dim > MAX_D || num_kv_heads < 1 || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_ROWS)
     return 1;
+  write_kv(k, v, k_cache, v_cache, slot_mapping, num_tokens, k_stride, v_stride,
+           static_cast<int64_t>(num_kv_heads) * head_dim, is_bf16 ? 2 : 4);
   const Args a{q, k_cache, v_cache, out, block_tables, bt_stride, seq_lens, cu_seqlens_q,
                num_heads, num_kv_heads, head_dim, block_size, scale};
   if (is_bf16)
