@@ -1,6 +1,6 @@
 """Builds the engine's C++ CPU kernels once per machine into one library and loads it with ctypes.
 
-The sources (paged attention, the bf16 small-batch linear, fused norm and RoPE) are plain C++ with OpenMP
+The sources (a thread pool, paged attention, the bf16 small-batch linear, fused norm and RoPE) are plain C++
 (no torch headers), so they compile in a few seconds; they are compiled
 with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the sources,
 the flags and the CPU's feature list. Without a C++ compiler the callers fall back to torch (a warning says
@@ -18,18 +18,22 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 from engine.tiny_model import cache_dir
 
 log = logging.getLogger(__name__)
 
 _ENGINE = Path(__file__).parent
-SOURCES = (_ENGINE / "attention" / "cpu_kernel.cpp", _ENGINE / "layers" / "cpu_linear.cpp",
-           _ENGINE / "layers" / "cpu_ops.cpp")
+SOURCES = (_ENGINE / "cpu_pool.cpp", _ENGINE / "attention" / "cpu_kernel.cpp",
+           _ENGINE / "layers" / "cpu_linear.cpp", _ENGINE / "layers" / "cpu_ops.cpp")
+HEADERS = (_ENGINE / "cpu_pool.h",)
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
+# No FMA contraction either: the RoPE kernel then rounds exactly as the torch reference does.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-         "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+         "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c++17")
 
 
 def _cpu_features() -> str:
@@ -58,7 +62,7 @@ def _compile(out: Path) -> None:
 @functools.cache
 def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None when it cannot be built here."""
-    sources = b"".join(src.read_bytes() for src in SOURCES)
+    sources = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_features().encode())
     path = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     try:
@@ -73,6 +77,9 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.paged_attention.restype = i
     i64, f = ctypes.c_int64, ctypes.c_float
     lib.paged_attention.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, p, i64, p, p, i, i, i, i, i, f, i]
+    lib.cpu_pool_start.restype = i
+    lib.cpu_pool_start.argtypes = [i]
+    lib.cpu_pool_start(torch.get_num_threads())  # the pool's threads: as many as torch's
     lib.linear_bf16_small_m.restype = i
     lib.linear_bf16_small_m.argtypes = [p, p, p, p, i, i, i]
     lib.cpu_rms_norm.restype = i

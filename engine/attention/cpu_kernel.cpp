@@ -6,12 +6,14 @@
 // Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
 // products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
 // keys 0..context_len + i. Built by engine/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
-// OpenMP resolves to the runtime torch already loaded, so it shares torch's thread count.
+// Work items are shared out by the pool of engine/cpu_pool.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "../cpu_pool.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -271,8 +273,7 @@ void run(const Args& a, int num_seqs) {
         items.push_back({s, h, b, b + tile < q_len ? b + tile : q_len});
   }
   const int64_t n = static_cast<int64_t>(items.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) run_item<T>(a, items[i]);
+  pagedserve::parallel_for(n, [&](int64_t i) { run_item<T>(a, items[i]); });
 }
 
 // Scatters the step's new K/V rows (heads contiguous, rows k_stride / v_stride elements apart: views of the

@@ -8,7 +8,10 @@
 // Built with engine/attention/cpu_kernel.cpp by engine/cpu_build.py; without AVX512_BF16 the entry point
 // reports "unsupported" and callers use torch.
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+
+#include "../cpu_pool.h"
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -16,6 +19,7 @@ namespace {
 
 constexpr int R = 4;   // weight rows per work item: R x MB accumulators stay in registers
 constexpr int MB = 4;  // input rows per pass
+constexpr int64_t CHUNK_BLOCKS = 8;  // blocks per pool index: 32 weight rows
 
 inline __m512bh load_pairs(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -57,26 +61,33 @@ void rows_times_block(const uint16_t* x, const uint16_t* w, const uint16_t* bias
     }
 }
 
+// Weight rows b*R.. times every input row, MB input rows per pass.
+inline void block_times_rows(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out, int M,
+                             int N, int K, int b) {
+  const int n0 = b * R, rows = N - n0 < R ? N - n0 : R;
+  for (int m0 = 0; m0 < M; m0 += MB) {
+    const uint16_t* xm = x + static_cast<int64_t>(m0) * K;
+    uint16_t* om = out + static_cast<int64_t>(m0) * N;
+    switch (M - m0 < MB ? M - m0 : MB) {
+      case 1: rows_times_block<1>(xm, w, bias, om, N, K, n0, rows); break;
+      case 2: rows_times_block<2>(xm, w, bias, om, N, K, n0, rows); break;
+      case 3: rows_times_block<3>(xm, w, bias, om, N, K, n0, rows); break;
+      default: rows_times_block<4>(xm, w, bias, om, N, K, n0, rows); break;
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int linear_bf16_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out,
                                    int M, int N, int K) {
   if (K % 32 != 0 || M < 1 || N < 1) return 1;
   const int blocks = (N + R - 1) / R;
-#pragma omp parallel for schedule(static)
-  for (int b = 0; b < blocks; ++b) {
-    const int n0 = b * R, rows = N - n0 < R ? N - n0 : R;
-    for (int m0 = 0; m0 < M; m0 += MB) {
-      const uint16_t* xm = x + static_cast<int64_t>(m0) * K;
-      uint16_t* om = out + static_cast<int64_t>(m0) * N;
-      switch (M - m0 < MB ? M - m0 : MB) {
-        case 1: rows_times_block<1>(xm, w, bias, om, N, K, n0, rows); break;
-        case 2: rows_times_block<2>(xm, w, bias, om, N, K, n0, rows); break;
-        case 3: rows_times_block<3>(xm, w, bias, om, N, K, n0, rows); break;
-        default: rows_times_block<4>(xm, w, bias, om, N, K, n0, rows); break;
-      }
-    }
-  }
+  const int64_t chunks = (blocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
+  pagedserve::parallel_for(chunks, [&](int64_t chunk) {
+    const int b_end = static_cast<int>(std::min<int64_t>(blocks, (chunk + 1) * CHUNK_BLOCKS));
+    for (int b = static_cast<int>(chunk * CHUNK_BLOCKS); b < b_end; ++b) block_times_rows(x, w, bias, out, M, N, K, b);
+  });
   return 0;
 }
 #else

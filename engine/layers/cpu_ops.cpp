@@ -1,15 +1,18 @@
 // The small per-layer ops of a CPU forward, fused: RMSNorm (with the residual add) and RoPE (with Qwen3's
 // per-head q/k RMSNorm), in fp32 or bf16, with the rounding points of the torch reference (layers/norm.py,
 // layers/rotary.py): a decode step of one sequence spent more time dispatching their ~10 torch ops per layer
-// than computing them. Rows are split over OpenMP threads only when there are enough to pay for the wake-up.
+// than computing them. Rows are shared out by the pool of engine/cpu_pool.h.
 // Built with the other CPU kernels by engine/cpu_build.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "../cpu_pool.h"
+
 namespace {
 
-constexpr int64_t PARALLEL_ROWS = 16;  // fewer rows run on the calling thread
+constexpr int64_t ROWS_PER_INDEX = 16;  // rows per pool index: fewer run on the calling thread alone
 constexpr int MAX_D = 512;             // largest head_dim for RoPE
 
 inline float load(const float* p) { return *p; }
@@ -26,6 +29,15 @@ inline void store(uint16_t* p, float f) {  // round to nearest even
   u += 0x7fffu + ((u >> 16) & 1u);
   *p = static_cast<uint16_t>(u >> 16);
 }
+// f(r) for every row, ROWS_PER_INDEX rows per index of the pool (engine/cpu_pool.h).
+template <typename F>
+void for_rows(int64_t rows, F&& f) {
+  pagedserve::parallel_for((rows + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t chunk) {
+    const int64_t end = std::min(rows, (chunk + 1) * ROWS_PER_INDEX);
+    for (int64_t r = chunk * ROWS_PER_INDEX; r < end; ++r) f(r);
+  });
+}
+
 template <typename T>
 inline float round_to(float f) {  // f as it reads back after a store in T
   T t;
@@ -45,8 +57,7 @@ inline void norm_row(const float* x, const T* w, T* out, int n, float eps) {
 template <typename T>
 void rms_norm(const T* x, const T* residual, const T* w, T* out, T* res_out, int64_t rows, int hidden,
               int64_t x_stride, float eps) {
-#pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, [&](int64_t r) {
     float buf[8192];
     float* h = hidden <= 8192 ? buf : new float[hidden];
     const T* xr = x + r * x_stride;
@@ -63,7 +74,7 @@ void rms_norm(const T* x, const T* residual, const T* w, T* out, T* res_out, int
     }
     norm_row(h, w, out + r * hidden, hidden, eps);
     if (h != buf) delete[] h;
-  }
+  });
 }
 
 // Neox-style rotation of one head in place: [x1 | x2] -> [x1 cos - x2 sin | x2 cos + x1 sin], in fp32.
@@ -88,13 +99,12 @@ void rope(T* q, T* k, const int32_t* positions, const float* cos_sin, int64_t to
           int num_k_heads, int head_dim, int64_t q_stride, int64_t k_stride, int64_t cache_stride,
           const T* q_norm_w, const T* k_norm_w, float eps) {
   const int half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (tokens >= PARALLEL_ROWS)
-  for (int64_t t = 0; t < tokens; ++t) {
+  for_rows(tokens, [&](int64_t t) {
     const float* cos = cos_sin + static_cast<int64_t>(positions[t]) * cache_stride;
     const float* sin = cos + half;
     for (int h = 0; h < num_q_heads; ++h) rotate_head(q + t * q_stride + h * head_dim, cos, sin, half, q_norm_w, eps);
     for (int h = 0; h < num_k_heads; ++h) rotate_head(k + t * k_stride + h * head_dim, cos, sin, half, k_norm_w, eps);
-  }
+  });
 }
 
 }  // namespace
