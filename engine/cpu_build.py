@@ -1,6 +1,6 @@
 """Builds the engine's C++ CPU kernels once per machine into one library and loads it with ctypes.
 
-The sources (a thread pool, paged attention, the bf16 small-batch linear, fused norm and RoPE) are plain C++
+The sources (a thread pool, paged attention, the small-batch linear, fused norm and RoPE) are plain C++
 (no torch headers), so they compile in a few seconds; they are compiled
 with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the sources,
 the flags and the CPU's feature list. Without a C++ compiler the callers fall back to torch (a warning says
@@ -80,8 +80,8 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.cpu_pool_start.restype = i
     lib.cpu_pool_start.argtypes = [i]
     lib.cpu_pool_start(torch.get_num_threads())  # the pool's threads: as many as torch's
-    lib.linear_bf16_small_m.restype = i
-    lib.linear_bf16_small_m.argtypes = [p, p, p, p, i, i, i]
+    lib.linear_small_m.restype = i
+    lib.linear_small_m.argtypes = [p, p, p, p, i, i, i, i]
     lib.cpu_rms_norm.restype = i
     lib.cpu_rms_norm.argtypes = [p, p, p, p, p, i64, i, i64, f, i]
     lib.cpu_rope.restype = i

@@ -70,7 +70,7 @@ def _use_cpu_kernels(model: torch.nn.Module, dtype: torch.dtype) -> None:
     from engine.layers.cpu_ops import load_cpu_ops
     ops = load_cpu_ops(dtype)
     if ops is not None:
-        model.use_cpu_kernels(ops, load_small_batch_linear() if dtype == torch.bfloat16 else None)
+        model.use_cpu_kernels(ops, load_small_batch_linear(dtype))
 
 
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:

@@ -88,8 +88,9 @@ def test_qwen3_qk_norm_then_rope(dtype):
     torch.testing.assert_close(k, ref_k, **ULP_TOL[dtype])
 
 
-small_batch = load_small_batch_linear()
+small_batch = load_small_batch_linear(torch.bfloat16)
 needs_bf16 = pytest.mark.skipif(small_batch is None, reason="this CPU has no AVX512_BF16")
+small_batch_fp32 = load_small_batch_linear(torch.float32)
 
 
 @needs_bf16
@@ -109,6 +110,21 @@ def test_small_batch_linear_equals_a_fp32_product_rounded_once(rows, with_bias):
     ulp = exact.abs().clamp_min(1e-3) * 2.0 ** -7
     assert ((got.double() - exact).abs() <= ulp).all()
     torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(small_batch_fp32 is None, reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_small_batch_linear_fp32_equals_torch_to_rounding(rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    n, k = 103, 80                                   # a tail block of 3 rows; k: five AVX-512 steps
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g) if with_bias else None
+    assert small_batch_fp32.applies(x, w) and not small_batch_fp32.applies(x.bfloat16(), w.bfloat16())
+    got = small_batch_fp32(x, w, bias)
+    exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)     # fp32 sums in another order
+    assert not small_batch_fp32.applies(torch.randn(rows, 40), torch.randn(n, 40))  # k % 16
 
 
 @needs_bf16

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 
 class LinearBase(nn.Linear):
-    # engine.layers.cpu_linear.SmallBatchLinear on CPUs with AVX512_BF16 (set by the model's
-    # use_cpu_kernels): bf16 decode steps of a few rows read each weight once instead of going through oneDNN.
+    # engine.layers.cpu_linear.SmallBatchLinear on AVX-512 CPUs (set by the model's use_cpu_kernels): decode
+    # steps of a few rows read each weight once instead of going through torch's matmul.
     small_batch: SmallBatchLinear | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -132,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
 
     def use_cpu_kernels(self, ops: CpuOps, small_batch: SmallBatchLinear | None) -> None:
         """Swap norm and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
-        every linear layer's few-row bf16 products (decode steps) to the CPU kernel."""
+        every linear layer's few-row products (decode steps) to the CPU kernel."""
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.fused = ops
