@@ -76,15 +76,19 @@ class GenerationStream:
 
     @property
     def finished(self) -> bool:
-        return all(r.finished for r in self.requests)
+        for req in self.requests:      # a loop, not all(<genexpr>): this runs once per token
+            if not req.finished:
+                return False
+        return True
 
     def put(self, item: QueueItem) -> None:
         """Called on the event loop by the bridge: one item per engine step with news for this stream."""
         self._inbox.append(item)
         if not self._ready and self._wakes(item):
             self._ready = True
-            if self._waiter is not None and not self._waiter.done():
-                self._waiter.set_result(None)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def _wakes(self, item: QueueItem) -> bool:
         if self._interval <= 1 or not self._woken or len(self._inbox) >= self._interval:
@@ -107,20 +111,30 @@ class GenerationStream:
             return GenerationError(item[1].error, item[1].error_status)
         return None
 
+    async def wait(self) -> None:
+        """Until there is news worth taking (see stream_interval)."""
+        if not self._ready:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    def take(self) -> list[ChoiceDelta]:
+        """The choices' news since the last take (possibly none). Raises GenerationError when the request
+        failed, after counting it in /metrics. The consumer loop is `while not finished: await wait();
+        take()`, without an async generator in between: this runs once per token."""
+        items, self._inbox = self._inbox, []
+        self._ready, self._woken = False, True
+        try:
+            return self._apply(items)
+        except GenerationError:
+            self._record_failure()
+            raise
+
     async def updates(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
             while not self.finished:
-                if not self._ready:
-                    self._waiter = asyncio.get_running_loop().create_future()
-                    await self._waiter
-                items, self._inbox = self._inbox, []
-                self._ready, self._woken = False, True
-                try:
-                    deltas = self._apply(items)
-                except GenerationError:
-                    self._record_failure()
-                    raise
+                await self.wait()
+                deltas = self.take()
                 if deltas:
                     yield deltas
         finally:

@@ -67,16 +67,19 @@ async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
         if first:
             yield first
         pending = with_first_update
-        async for deltas in stream.updates():
-            yield pending + b"".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
-            pending = b""
+        event = fmt.event
+        while not stream.finished:
+            await stream.wait()
+            deltas = stream.take()
+            if deltas:
+                yield pending + b"".join([event(chunk) for chunk in map(render, deltas) if chunk is not None])
+                pending = b""
         if include_usage:
             yield fmt.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
     except GenerationError as exc:
         yield sse_event(error_body(exc.status, f"Generation failed: {exc}."))
     finally:
-        # Closed at a `yield` (client gone), the inner updates() generator is not closed with us: abort
-        # the engine requests here rather than whenever that generator is collected.
+        # Ended early (client gone, error): abort the engine requests now.
         stream.close()
     yield DONE
 
