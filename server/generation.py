@@ -111,16 +111,18 @@ class GenerationStream:
             return GenerationError(item[1].error, item[1].error_status)
         return None
 
-    async def wait(self) -> None:
-        """Until there is news worth taking (see stream_interval)."""
-        if not self._ready:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
+    def news(self) -> asyncio.Future | None:
+        """None when there is news worth taking now (see stream_interval), else a future to await until
+        there is. A plain function, not a coroutine: one frame less to resume per token."""
+        if self._ready:
+            return None
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        return waiter
 
     def take(self) -> list[ChoiceDelta]:
         """The choices' news since the last take (possibly none). Raises GenerationError when the request
-        failed, after counting it in /metrics. The consumer loop is `while not finished: await wait();
-        take()`, without an async generator in between: this runs once per token."""
+        failed, after counting it in /metrics. The consumer loop is `while not finished:` await `news()`
+        (unless None), then `take()`, without an async generator in between: this runs once per token."""
         items, self._inbox = self._inbox, []
         self._ready, self._woken = False, True
         try:
@@ -133,7 +135,9 @@ class GenerationStream:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
             while not self.finished:
-                await self.wait()
+                waiter = self.news()
+                if waiter is not None:
+                    await waiter
                 deltas = self.take()
                 if deltas:
                     yield deltas
@@ -170,9 +174,9 @@ class GenerationStream:
     def _apply(self, items: list[QueueItem]) -> list[ChoiceDelta]:
         merged: dict[int, ChoiceDelta] = {}
         for item in items:
-            if isinstance(item, GenerationError):
-                raise item
-            if isinstance(item, Expired):
+            if type(item) is not tuple:
+                if isinstance(item, GenerationError):
+                    raise item
                 self._expire(item.why, merged)
                 continue
             prompt_index, delta, now = item
@@ -186,14 +190,17 @@ class GenerationStream:
             if req.error is not None:
                 self._release(req.request_id)
                 raise GenerationError(req.error, req.error_status)
-            for index in req.stopped_samples:    # the engine does not know about stop strings
-                self._abort(req.request_id, index, "stop")
-            req.stopped_samples.clear()
+            if req.stopped_samples:
+                for index in req.stopped_samples:    # the engine does not know about stop strings
+                    self._abort(req.request_id, index, "stop")
+                req.stopped_samples.clear()
             recorder = self.recorders[prompt_index]
             recorder.on_delta(delta.timings, delta.num_prompt_tokens, num_new, now)
             if req.finished:
                 self._release(req.request_id)
                 recorder.on_finish(req.last_finish_reason, delta.timings, delta.num_prompt_tokens, now)
+        if len(merged) <= 1:
+            return list(merged.values())
         return [merged[i] for i in sorted(merged)]
 
     def _expire(self, why: str, merged: dict[int, ChoiceDelta]) -> None:

@@ -75,7 +75,9 @@ async def choice_events(stream: GenerationStream, render: Callable[[ChoiceDelta]
             yield first
         pending = with_first_update
         while not stream.finished:
-            await stream.wait()
+            waiter = stream.news()
+            if waiter is not None:
+                await waiter
             deltas = stream.take()
             if deltas:
                 yield pending + b"".join([render(d) for d in deltas])
