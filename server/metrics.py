@@ -129,12 +129,12 @@ class ServerMetrics:
     def flush(self) -> None:
         """Adds the tallied tokens and latencies to their metrics (once per engine step, and before any
         read of the registry)."""
-        if self._pending_tokens:
-            self.generation_tokens.inc(self._pending_tokens)
-            self._pending_tokens = 0
+        tokens, self._pending_tokens = self._pending_tokens, 0      # taken first, then applied
+        if tokens:
+            self.generation_tokens.inc(tokens)
         if self._pending_itl:
-            observe_all(self.itl, self._pending_itl)
-            self._pending_itl = []
+            itl, self._pending_itl = self._pending_itl, []
+            observe_all(self.itl, itl)
 
     @property
     def last_stats(self) -> EngineStats:
