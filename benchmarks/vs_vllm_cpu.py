@@ -186,11 +186,19 @@ def summarize(name: str, dtype: str, ours: dict, theirs: dict) -> dict:
     return row
 
 
+def _figures(workload: str, r: dict) -> str:
+    if workload == "stream":
+        return f"TTFT {r['ttft_s'] * 1e3:.0f} ms, TPOT {r['tpot_s'] * 1e3:.1f} ms, ready {r['ready_s']:.1f} s"
+    return f"{r['output_tok_per_s']:.1f} output tok/s, ready {r['ready_s']:.1f} s"
+
+
 def print_row(row: dict) -> None:
     o, v = row["pagedserve"], row["vllm"]
     head = f"{row['workload']:9s} {row['dtype']:9s}"
     if "error" in o or "error" in v:
-        print(f"{head} pagedserve: {o.get('error', 'ok')}  vllm: {v.get('error', 'ok')}")
+        ran = [(name, r) for name, r in (("pagedserve", o), ("vllm", v)) if "error" not in r]
+        print(f"{head} pagedserve: {o.get('error', 'ok')}  vllm: {v.get('error', 'ok')}  "
+              + "  ".join(f"{name}: {_figures(row['workload'], r)}" for name, r in ran))
         return
     g = row["greedy"]
     same = f"greedy identical {g['identical_requests']}/{g['requests']}"

@@ -13,6 +13,7 @@ import torch
 
 from engine import loader
 from engine.config import EngineConfig
+from engine.cpu_runtime import keep_freed_memory
 from engine.distributed import parallel_state
 from engine.kv_sizing import choose_num_blocks
 from engine.model_runner import ModelRunner
@@ -63,13 +64,26 @@ class BuiltRunner:
     runner: ModelRunner
 
 
+def _use_cpu_kernels(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The compiled CPU kernels beside the CPU attention backend (the torch backend stays all-torch)."""
+    from engine.layers.cpu_linear import load_small_batch_linear
+    from engine.layers.cpu_ops import load_cpu_ops
+    ops = load_cpu_ops(dtype)
+    if ops is not None:
+        model.use_cpu_kernels(ops, load_small_batch_linear() if dtype == torch.bfloat16 else None)
+
+
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     """Loads this rank's shard, allocates its KV cache (the same block count on every rank) and captures
     the decode graphs (collective: every rank captures the same buckets in the same order)."""
     cfg = plan.config
+    if device.type == "cpu":
+        keep_freed_memory()
     loaded = loader.load(plan.model_dir, cfg.torch_dtype, device, plan.max_model_len)
     if cfg.attention_backend == "triton":
         loaded.model.use_triton_kernels()
+    if device.type == "cpu" and cfg.attention_backend == "cpu":
+        _use_cpu_kernels(loaded.model, cfg.torch_dtype)
     num_blocks = parallel_state.all_reduce_min(choose_num_blocks(cfg, loaded.model, plan.max_model_len, device))
     graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
     runner = ModelRunner(loaded.model, num_blocks, cfg.block_size, cfg.attention_backend, cfg.max_num_seqs,

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine.attention.cpu import CpuAttentionBackend
-from engine.attention.cpu_build import load_kernel
 from engine.attention.torch_ref import TorchAttentionBackend
+from engine.cpu_build import load_kernel
 from tests.kernels.paged_cases import EngineBatch, make_engine_batch
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ compiler: the CPU kernel cannot be built")

@@ -1,11 +1,13 @@
-// Paged attention for CPU that reads K/V in place through the block tables (no dense copies).
+// Paged attention for CPU that reads K/V in place through the block tables (no dense copies), after writing
+// the step's new K/V into the cache in the same call.
 //
 // One work item = (sequence, KV head, tile of query tokens). Its rows are the tile's tokens times the query
 // heads sharing that KV head (GQA), so each K/V vector is loaded (and for bf16 converted) once for all of them.
 // Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
 // products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
-// keys 0..context_len + i. Built by engine/attention/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
+// keys 0..context_len + i. Built by engine/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
 // OpenMP resolves to the runtime torch already loaded, so it shares torch's thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -88,10 +90,83 @@ inline void rows_of(const uint16_t* cache, const int64_t* off, int nk, int D, fl
                     const float** out) {
   for (int t = 0; t < nk; ++t) {
     const uint16_t* src = cache + off[t];
-    for (int d = 0; d < D; ++d) buf[t][d] = load(src + d);
+    int d = 0;
+#ifdef __AVX512F__
+    for (; d + 16 <= D; d += 16) {  // 16 bf16 -> 16 fp32: widen to 32 bits, shift into the high half
+      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d)));
+      _mm512_storeu_ps(buf[t] + d, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+#endif
+    for (; d < D; ++d) buf[t][d] = load(src + d);
     out[t] = buf[t];
   }
 }
+
+#ifdef __AVX512F__
+// exp of 16 lanes: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2 and a degree-6 Taylor polynomial
+// for e^r (relative error ~1e-7, about one fp32 ulp). Inputs below -87 give ~0; callers mask unused lanes.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts: exact n * hi
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Lane t of the result = the sum of the 16 lanes of v[t]: a transpose-and-add tree (about 50 shuffles and adds
+// for all 16 sums, against ~8 dependent steps per sum reduced one at a time).
+inline __m512 transpose_sum16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)  // 128-bit blocks: (0,1) of v[2i] + its (2,3) | the same for v[2i+1]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // one block of 4 partial sums per vector 4i..4i+3
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  const __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+  const __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y0, y1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(y0, y1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // lane 4j + m of z holds the sum of v[4m + j]
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, z);
+}
+
+// One row's online-softmax update over a chunk of up to KC keys, all in registers (D a multiple of 16).
+inline void chunk_update16(const float* qr, const float* const* kp, const float* const* vp, int visible, int D,
+                           float* m, float* l, float* acc) {
+  __m512 dots[KC];
+  for (int t = 0; t < KC; ++t) {
+    __m512 a = _mm512_setzero_ps();
+    if (t < visible)
+      for (int d = 0; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kp[t] + d), a);
+    dots[t] = a;
+  }
+  const __mmask16 valid = static_cast<__mmask16>((1u << visible) - 1u);
+  const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(NEG), transpose_sum16(dots));
+  const float mx = std::max(*m, _mm512_reduce_max_ps(s));
+  const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mx))));
+  const float corr = std::exp(*m - mx);
+  *l = *l * corr + _mm512_reduce_add_ps(p);
+  *m = mx;
+  alignas(64) float pv[KC];
+  _mm512_store_ps(pv, p);
+  const __m512 vcorr = _mm512_set1_ps(corr);
+  for (int d = 0; d < D; d += 16) {
+    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + d), vcorr);
+    for (int t = 0; t < visible; ++t) a = _mm512_fmadd_ps(_mm512_set1_ps(pv[t]), _mm512_loadu_ps(vp[t] + d), a);
+    _mm512_storeu_ps(acc + d, a);
+  }
+}
+#endif
 
 template <typename T>
 void run_item(const Args& a, const Item& it) {
@@ -124,12 +199,16 @@ void run_item(const Args& a, const Item& it) {
   int64_t off[KC];
   const float* kp[KC];
   const float* vp[KC];
+  int block = 0, in_block = 0;  // key j0 + t's place in the block table, advanced without divisions
   for (int j0 = 0; j0 < n_keys; j0 += KC) {
     const int nk = n_keys - j0 < KC ? n_keys - j0 : KC;
     for (int t = 0; t < nk; ++t) {
-      const int j = j0 + t;
-      const int64_t slot = static_cast<int64_t>(bt[j / a.block_size]) * a.block_size + j % a.block_size;
+      const int64_t slot = static_cast<int64_t>(bt[block]) * a.block_size + in_block;
       off[t] = (slot * Hkv + it.kv_head) * D;
+      if (++in_block == a.block_size) {
+        in_block = 0;
+        ++block;
+      }
     }
     rows_of(kc, off, nk, D, kbuf, kp);
     rows_of(vc, off, nk, D, vbuf, vp);
@@ -137,6 +216,12 @@ void run_item(const Args& a, const Item& it) {
       int visible = limit[r] - j0 + 1;  // keys of this chunk the row sees
       if (visible <= 0) continue;
       if (visible > nk) visible = nk;
+#ifdef __AVX512F__
+      if (D % 16 == 0) {
+        chunk_update16(qs[r], kp, vp, visible, D, &m[r], &l[r], acc[r]);
+        continue;
+      }
+#endif
       float s[KC];
       const float* qr = qs[r];
       float mx = m[r];
@@ -190,14 +275,31 @@ void run(const Args& a, int num_seqs) {
   for (int64_t i = 0; i < n; ++i) run_item<T>(a, items[i]);
 }
 
+// Scatters the step's new K/V rows (heads contiguous, rows k_stride / v_stride elements apart: views of the
+// fused qkv output) into their cache slots; slot < 0 marks padding. One memcpy per token and tensor.
+void write_kv(const void* k, const void* v, void* k_cache, void* v_cache, const int32_t* slot_mapping,
+              int64_t num_tokens, int64_t k_stride, int64_t v_stride, int64_t row, int elem) {
+  auto* kc = static_cast<char*>(k_cache);
+  auto* vc = static_cast<char*>(v_cache);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    std::memcpy(kc + slot * row * elem, static_cast<const char*>(k) + t * k_stride * elem, row * elem);
+    std::memcpy(vc + slot * row * elem, static_cast<const char*>(v) + t * v_stride * elem, row * elem);
+  }
+}
+
 }  // namespace
 
-extern "C" int paged_attention(const void* q, const void* k_cache, const void* v_cache, void* out,
-                               const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
-                               const int32_t* cu_seqlens_q, int num_seqs, int num_heads, int num_kv_heads,
-                               int head_dim, int block_size, float scale, int is_bf16) {
+extern "C" int paged_attention(const void* q, const void* k, const void* v, void* k_cache, void* v_cache,
+                               void* out, const int32_t* slot_mapping, int64_t num_tokens, int64_t k_stride,
+                               int64_t v_stride, const int32_t* block_tables, int64_t bt_stride,
+                               const int32_t* seq_lens, const int32_t* cu_seqlens_q, int num_seqs, int num_heads,
+                               int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16) {
   if (head_dim > MAX_D || num_kv_heads < 1 || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_ROWS)
     return 1;
+  write_kv(k, v, k_cache, v_cache, slot_mapping, num_tokens, k_stride, v_stride,
+           static_cast<int64_t>(num_kv_heads) * head_dim, is_bf16 ? 2 : 4);
   const Args a{q, k_cache, v_cache, out, block_tables, bt_stride, seq_lens, cu_seqlens_q,
                num_heads, num_kv_heads, head_dim, block_size, scale};
   if (is_bf16)

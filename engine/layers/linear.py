@@ -5,24 +5,44 @@ class here is exactly its torch parent. Collectives come from engine.distributed
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import parallel_state as ps
 
+if TYPE_CHECKING:
+    from engine.layers.cpu_linear import SmallBatchLinear
 
-class ColumnParallelLinear(nn.Linear):
+
+class LinearBase(nn.Linear):
+    # engine.layers.cpu_linear.SmallBatchLinear on CPUs with AVX512_BF16 (set by the model's
+    # use_cpu_kernels): bf16 decode steps of a few rows read each weight once instead of going through oneDNN.
+    small_batch: SmallBatchLinear | None = None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        small = self.small_batch
+        if small is not None and small.applies(x, self.weight):
+            return small(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(LinearBase):
     """Output features split across ranks (fused QKV, gate/up): each rank computes its own columns and
     feeds them to a row-parallel layer, so no collective is needed here."""
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
 
-class RowParallelLinear(nn.Linear):
+
+class RowParallelLinear(LinearBase):
     """Input features split across ranks (o_proj, down_proj): each rank's product is a partial sum; one
     all-reduce makes the full output on every rank."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = ps.all_reduce(F.linear(x, self.weight))
+        out = ps.all_reduce(self.matmul(x, None))
         return out if self.bias is None else out + self.bias
 
 

@@ -5,6 +5,8 @@ metadata; q/k/v and gate/up projections are fused into one matmul each.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -12,10 +14,20 @@ from engine.attention.base import AttentionMetadata
 from engine.distributed import parallel_state
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
-from engine.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from engine.layers.linear import (
+    ColumnParallelLinear,
+    LinearBase,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.layers.cpu_linear import SmallBatchLinear
+    from engine.layers.cpu_ops import CpuOps
 
 
 class Attention(nn.Module):
@@ -117,6 +129,17 @@ class LlamaForCausalLM(nn.Module):
                 module.fused = activation
             elif isinstance(module, Attention):
                 module.fused_rope = rope
+
+    def use_cpu_kernels(self, ops: CpuOps, small_batch: SmallBatchLinear | None) -> None:
+        """Swap norm and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
+        every linear layer's few-row bf16 products (decode steps) to the CPU kernel."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.fused = ops
+            elif isinstance(module, Attention):
+                module.fused_rope = ops
+            elif isinstance(module, LinearBase):
+                module.small_batch = small_batch
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.layers]

@@ -1,9 +1,10 @@
-"""Builds engine/attention/cpu_kernel.cpp once per machine and loads it with ctypes.
+"""Builds the engine's C++ CPU kernels once per machine into one library and loads it with ctypes.
 
-The kernel is plain C++ with OpenMP (no torch headers), so it compiles in about a second; it is compiled
-with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the source,
-the flags and the CPU's feature list. Without a C++ compiler the CPU backend falls back to the torch
-reference (a warning says so).
+The sources (paged attention, the bf16 small-batch linear, fused norm and RoPE) are plain C++ with OpenMP
+(no torch headers), so they compile in a few seconds; they are compiled
+with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the sources,
+the flags and the CPU's feature list. Without a C++ compiler the callers fall back to torch (a warning says
+so).
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from engine.tiny_model import cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernel.cpp")
+_ENGINE = Path(__file__).parent
+SOURCES = (_ENGINE / "attention" / "cpu_kernel.cpp", _ENGINE / "layers" / "cpu_linear.cpp",
+           _ENGINE / "layers" / "cpu_ops.cpp")
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-         "-fno-signed-zeros", "-freciprocal-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+         "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 
 def _cpu_features() -> str:
@@ -47,7 +50,7 @@ def _compile(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp_out)], check=True, capture_output=True,
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(tmp_out)], check=True, capture_output=True,
                        text=True)
         os.replace(tmp_out, out)  # atomic: concurrent builders each publish a whole file
 
@@ -55,17 +58,25 @@ def _compile(out: Path) -> None:
 @functools.cache
 def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None when it cannot be built here."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_features().encode())
-    path = cache_dir() / "kernels" / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    sources = b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_features().encode())
+    path = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
             _compile(path)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e
-        log.warning("CPU attention kernel unavailable (%s); using the torch reference backend", detail)
+        log.warning("CPU kernels unavailable (%s); using torch's attention reference and linear layers", detail)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int  # pointers are tensors' data_ptr()
     lib.paged_attention.restype = i
-    lib.paged_attention.argtypes = [p, p, p, p, p, ctypes.c_int64, p, p, i, i, i, i, i, ctypes.c_float, i]
+    i64, f = ctypes.c_int64, ctypes.c_float
+    lib.paged_attention.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, p, i64, p, p, i, i, i, i, i, f, i]
+    lib.linear_bf16_small_m.restype = i
+    lib.linear_bf16_small_m.argtypes = [p, p, p, p, i, i, i]
+    lib.cpu_rms_norm.restype = i
+    lib.cpu_rms_norm.argtypes = [p, p, p, p, p, i64, i, i64, f, i]
+    lib.cpu_rope.restype = i
+    lib.cpu_rope.argtypes = [p, p, p, p, i64, i, i, i, i64, i64, i64, p, p, f, i]
     return lib

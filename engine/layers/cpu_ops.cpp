@@ -1,0 +1,127 @@
+// The small per-layer ops of a CPU forward, fused: RMSNorm (with the residual add) and RoPE (with Qwen3's
+// per-head q/k RMSNorm), in fp32 or bf16, with the rounding points of the torch reference (layers/norm.py,
+// layers/rotary.py): a decode step of one sequence spent more time dispatching their ~10 torch ops per layer
+// than computing them. Rows are split over OpenMP threads only when there are enough to pay for the wake-up.
+// Built with the other CPU kernels by engine/cpu_build.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t PARALLEL_ROWS = 16;  // fewer rows run on the calling thread
+constexpr int MAX_D = 512;             // largest head_dim for RoPE
+
+inline float load(const float* p) { return *p; }
+inline float load(const uint16_t* p) {
+  const uint32_t u = static_cast<uint32_t>(*p) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store(float* p, float f) { *p = f; }
+inline void store(uint16_t* p, float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+template <typename T>
+inline float round_to(float f) {  // f as it reads back after a store in T
+  T t;
+  store(&t, f);
+  return load(&t);
+}
+
+// h = x * rsqrt(mean(x^2) + eps), rounded to T, times the weight, rounded to T (Hugging Face's order).
+template <typename T>
+inline void norm_row(const float* x, const T* w, T* out, int n, float eps) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) store(out + i, round_to<T>(x[i] * inv) * load(w + i));
+}
+
+template <typename T>
+void rms_norm(const T* x, const T* residual, const T* w, T* out, T* res_out, int64_t rows, int hidden,
+              int64_t x_stride, float eps) {
+#pragma omp parallel for schedule(static) if (rows >= PARALLEL_ROWS)
+  for (int64_t r = 0; r < rows; ++r) {
+    float buf[8192];
+    float* h = hidden <= 8192 ? buf : new float[hidden];
+    const T* xr = x + r * x_stride;
+    if (residual != nullptr) {  // residual' = x + residual, rounded to T: the next layer's residual
+      const T* rr = residual + r * hidden;
+      T* ro = res_out + r * hidden;
+      for (int i = 0; i < hidden; ++i) {
+        const float s = round_to<T>(load(xr + i) + load(rr + i));
+        store(ro + i, s);
+        h[i] = s;
+      }
+    } else {
+      for (int i = 0; i < hidden; ++i) h[i] = load(xr + i);
+    }
+    norm_row(h, w, out + r * hidden, hidden, eps);
+    if (h != buf) delete[] h;
+  }
+}
+
+// Neox-style rotation of one head in place: [x1 | x2] -> [x1 cos - x2 sin | x2 cos + x1 sin], in fp32.
+template <typename T>
+inline void rotate_head(T* x, const float* cos, const float* sin, int half, const T* norm_w, float eps) {
+  float h[MAX_D];
+  for (int i = 0; i < 2 * half; ++i) h[i] = load(x + i);
+  if (norm_w != nullptr) {  // Qwen3: RMSNorm of the head first, rounded to T as the reference's output is
+    T normed[MAX_D];
+    norm_row(h, norm_w, normed, 2 * half, eps);
+    for (int i = 0; i < 2 * half; ++i) h[i] = load(normed + i);
+  }
+  for (int i = 0; i < half; ++i) {
+    const float x1 = h[i], x2 = h[half + i];
+    store(x + i, x1 * cos[i] - x2 * sin[i]);
+    store(x + half + i, x2 * cos[i] + x1 * sin[i]);
+  }
+}
+
+template <typename T>
+void rope(T* q, T* k, const int32_t* positions, const float* cos_sin, int64_t tokens, int num_q_heads,
+          int num_k_heads, int head_dim, int64_t q_stride, int64_t k_stride, int64_t cache_stride,
+          const T* q_norm_w, const T* k_norm_w, float eps) {
+  const int half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (tokens >= PARALLEL_ROWS)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* cos = cos_sin + static_cast<int64_t>(positions[t]) * cache_stride;
+    const float* sin = cos + half;
+    for (int h = 0; h < num_q_heads; ++h) rotate_head(q + t * q_stride + h * head_dim, cos, sin, half, q_norm_w, eps);
+    for (int h = 0; h < num_k_heads; ++h) rotate_head(k + t * k_stride + h * head_dim, cos, sin, half, k_norm_w, eps);
+  }
+}
+
+}  // namespace
+
+extern "C" int cpu_rms_norm(const void* x, const void* residual, const void* weight, void* out, void* res_out,
+                            int64_t rows, int hidden, int64_t x_stride, float eps, int is_bf16) {
+  if (is_bf16)
+    rms_norm(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(residual),
+             static_cast<const uint16_t*>(weight), static_cast<uint16_t*>(out), static_cast<uint16_t*>(res_out),
+             rows, hidden, x_stride, eps);
+  else
+    rms_norm(static_cast<const float*>(x), static_cast<const float*>(residual), static_cast<const float*>(weight),
+             static_cast<float*>(out), static_cast<float*>(res_out), rows, hidden, x_stride, eps);
+  return 0;
+}
+
+extern "C" int cpu_rope(void* q, void* k, const int32_t* positions, const float* cos_sin, int64_t tokens,
+                        int num_q_heads, int num_k_heads, int head_dim, int64_t q_stride, int64_t k_stride,
+                        int64_t cache_stride, const void* q_norm_w, const void* k_norm_w, float eps, int is_bf16) {
+  if (head_dim > MAX_D || head_dim % 2) return 1;
+  if (is_bf16)
+    rope(static_cast<uint16_t*>(q), static_cast<uint16_t*>(k), positions, cos_sin, tokens, num_q_heads, num_k_heads,
+         head_dim, q_stride, k_stride, cache_stride, static_cast<const uint16_t*>(q_norm_w),
+         static_cast<const uint16_t*>(k_norm_w), eps);
+  else
+    rope(static_cast<float*>(q), static_cast<float*>(k), positions, cos_sin, tokens, num_q_heads, num_k_heads,
+         head_dim, q_stride, k_stride, cache_stride, static_cast<const float*>(q_norm_w),
+         static_cast<const float*>(k_norm_w), eps);
+  return 0;
+}
