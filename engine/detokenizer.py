@@ -54,15 +54,19 @@ class IncrementalDetokenizer:
         """Add generated tokens; return the new text that is safe to emit now (may be "")."""
         if self._stopped is not None or self._finished or not new_token_ids:
             return ""
-        self._window.extend(new_token_ids)
-        new_text = self._decode(self._window)
-        if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT):
+        window = self._window
+        window += new_token_ids
+        new_text = self._decode(window)
+        prefix_len = len(self._prefix_text)
+        if len(new_text) <= prefix_len or new_text[-1] == _REPLACEMENT:
             return ""                      # nothing new, or a character is still incomplete
-        self._pending += new_text[len(self._prefix_text):]
         # Slide: the tokens just read become the prefix (left context) of the next window.
-        self._window = self._window[self._read:]
-        self._read = len(self._window)
-        self._prefix_text = self._decode(self._window)
+        self._window = window = window[self._read:]
+        self._read = len(window)
+        self._prefix_text = self._decode(window)
+        if not self.stop:                  # nothing to hold back (most requests): emit at once
+            return self._emit(new_text[prefix_len:])
+        self._pending += new_text[prefix_len:]
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -79,7 +83,7 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         # No clean-up of spaces: it would make window-by-window text differ from one-shot text.
         if self._backend is not None:
-            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
+            return self._backend.decode(ids, self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 

@@ -54,6 +54,7 @@ class RequestProcessor:
                                                            params.skip_special_tokens),
                    logprobs=[] if params.logprobs is not None else None)
             for i in range(params.n)]
+        self._num_unfinished = params.n         # choices without a finish_reason
         self.finished = False
         self.error: str | None = None           # why the engine failed this request, once it did
         self.error_status = 500                 # 400: the request itself was at fault (e.g. its grammar)
@@ -65,18 +66,19 @@ class RequestProcessor:
         (cleared by the caller once it has told the engine) say what else happened."""
         if self.finished:
             return []       # tokens still in flight after every sample was stopped here
-        if delta.error is not None or any(s.finish_reason == "error" for s in delta.seqs):
+        seqs = delta.seqs
+        if delta.error is not None or _has_error(seqs):
             self.error = delta.error or "generation failed inside the engine"
             self.error_status = delta.error_status
             self.finished = True
             return []
         out = []
-        for seq in delta.seqs:
+        for seq in seqs:
             choice_delta = self._process_seq(seq, delta.finished)
             if choice_delta is not None:
                 out.append(choice_delta)
-        if delta.finished or all(c.finish_reason is not None for c in self.choices):
-            if any(c.finish_reason is None for c in self.choices):
+        if delta.finished or self._num_unfinished == 0:
+            if self._num_unfinished:
                 self.error = "the engine finished a request with an unfinished sample"
             self.finished = True
         return out
@@ -89,20 +91,23 @@ class RequestProcessor:
         logprobs = seq.new_logprobs[:len(token_ids)] if seq.new_logprobs is not None else None
         if choice.logprobs is not None and logprobs:
             choice.logprobs.extend(logprobs)
-        choice.token_ids.extend(token_ids)
+        choice.token_ids += token_ids
         if choice.detok.stopped is not None:
-            choice.finish_reason, choice.stop_reason = "stop", choice.detok.stopped
+            self._finish(choice, "stop", choice.detok.stopped)
             if seq.finish_reason is None and not request_done:
                 self.stopped_samples.append(seq.index)
         elif seq.finish_reason is not None:
             text += choice.detok.flush()
-            choice.finish_reason, choice.stop_reason = seq.finish_reason, seq.stop_reason
+            self._finish(choice, seq.finish_reason, seq.stop_reason)
         choice.text += text
-        if choice.finish_reason is not None:
-            self.last_finish_reason = choice.finish_reason
         if not text and not token_ids and choice.finish_reason is None:
             return None
         return ChoiceDelta(choice.index, text, token_ids, logprobs, choice.finish_reason, choice.stop_reason)
+
+    def _finish(self, choice: Choice, reason: str, stop_reason: int | str | None) -> None:
+        choice.finish_reason, choice.stop_reason = reason, stop_reason
+        self.last_finish_reason = reason
+        self._num_unfinished -= 1
 
     def _push(self, choice: Choice, token_ids: list[int]) -> tuple[str, list[int]]:
         """Feeds the detokenizer; with stop strings, one token at a time, so that tokens after the one
@@ -125,6 +130,14 @@ class RequestProcessor:
                 text = choice.detok.flush()
                 choice.text += text
                 choice.finish_reason = "abort"
+                self._num_unfinished -= 1
                 out.append(ChoiceDelta(choice.index, text, [], None, "abort"))
         self.finished = True
         return out
+
+
+def _has_error(seqs: list[SequenceDelta]) -> bool:
+    for seq in seqs:        # a loop, not any(<genexpr>): this runs once per token
+        if seq.finish_reason == "error":
+            return True
+    return False

@@ -150,6 +150,7 @@ class AsyncEngine:
     # --- engine -> streams (on the event loop) ------------------------------------------------------
     def _route(self, output: StepOutput) -> None:
         now = time.monotonic()
+        self.metrics.flush()        # the previous step's tokens, consumed since
         self._last_progress = now
         if self.stalled:
             self.stalled = False

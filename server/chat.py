@@ -43,6 +43,8 @@ class _ChatView:
         self.ctx, self.body, self.id, self.output = ctx, body, response_id, output
         self.created = int(time.time())
         self.deltas = [output.stream() for _ in range(body.n)]
+        # No reasoning to split off and no tool calls to parse: a text delta is the content as it is.
+        self.plain = output.in_reasoning is None and output.tools.kind == "none"
 
     def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict[str, Any] | None:
         if self.body.num_logprobs is None:
@@ -60,12 +62,20 @@ class _ChatView:
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
     def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
-        fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name)
+        self.fmt = fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name,
+                                     text_choice=b'{"index":%d,"delta":{"content":%s},"finish_reason":null}')
         # The first chunk of each choice announces the role, as OpenAI's stream does. It goes out with the
         # first tokens, not before the prefill: clients time the first token from the first chunk (vLLM too).
         role = b"".join(fmt.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
                                   "finish_reason": None}) for c in stream.choices)
-        return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, with_first_update=role)
+        return choice_events(stream, self._delta_event, fmt if self.body.include_usage else None,
+                             with_first_update=role)
+
+    def _delta_event(self, d: ChoiceDelta) -> bytes:
+        if d.finish_reason is None and self.plain and self.body.num_logprobs is None:   # most chunks
+            return self.fmt.text_event(d.index, d.text) if d.text else b""
+        choice = self._delta_choice(d)
+        return b"" if choice is None else self.fmt.event(choice)
 
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not (d.text or d.finish_reason or (d.token_ids and self.body.logprobs)):

@@ -98,11 +98,18 @@ class _CompletionView:
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
     def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
-        fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name)
+        self.fmt = fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name,
+                                     text_choice=b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}')
         echo = b"".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
                                               self._logprobs(i, [], [], with_prompt=True), None, None))
                        for i in range(len(stream.choices))) if self.echo_texts else b""
-        return choice_events(stream, fmt, self._delta_choice, self.body.include_usage, first=echo)
+        return choice_events(stream, self._delta_event, fmt if self.body.include_usage else None, first=echo)
+
+    def _delta_event(self, d: ChoiceDelta) -> bytes:
+        if d.finish_reason is None and self.body.logprobs is None:   # most chunks: text only
+            return self.fmt.text_event(d.index, d.text) if d.text else b""
+        choice = self._delta_choice(d)
+        return b"" if choice is None else self.fmt.event(choice)
 
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
         # Tokens whose text is still held back (a partial character, a possible stop string) make no

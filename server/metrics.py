@@ -3,13 +3,21 @@
 Gauges and the engine-side counters (preemptions, prefix cache) come from EngineStats after each step;
 per-request counters and histograms are fed by the front end as it consumes each request's deltas, so
 they count exactly what clients received.
+
+The two per-token series (generated tokens, inter-token latency) are tallied as the deltas are consumed
+and added to their metrics once per engine step (`flush`), not with two locked updates per token; every
+read of the registry flushes first, so a scrape sees exactly what it would have seen otherwise.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, RequestTimings
 from server.vllm_metrics import VllmAliasCollector
@@ -45,6 +53,9 @@ class ServerMetrics:
         """vllm_metric_names: also serve the metrics vLLM has under its names (vllm:*), same values."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
+        self._pending_tokens = 0                  # generated tokens not yet added to generation_tokens
+        self._pending_itl: list[float] = []       # inter-token latencies not yet observed, in order
+        self.registry.register(_FlushFirst(self))     # registered first: collected (flushed) first
         r, label = self.registry, ["model_name"]
         families = {}       # family name -> metric object, for the vLLM aliases
 
@@ -108,6 +119,23 @@ class ServerMetrics:
             self.grammar_compile.observe(seconds)
         self._seen = stats
 
+    def count_tokens(self, num_tokens: int, itl: float | None) -> None:
+        """`num_tokens` more were generated, `itl` seconds after the request's previous ones (None: its
+        first). Tallied until the next flush."""
+        self._pending_tokens += num_tokens
+        if itl is not None:
+            self._pending_itl.append(itl)
+
+    def flush(self) -> None:
+        """Adds the tallied tokens and latencies to their metrics (once per engine step, and before any
+        read of the registry)."""
+        tokens, self._pending_tokens = self._pending_tokens, 0      # taken first, then applied
+        if tokens:
+            self.generation_tokens.inc(tokens)
+        if self._pending_itl:
+            itl, self._pending_itl = self._pending_itl, []
+            observe_all(self.itl, itl)
+
     @property
     def last_stats(self) -> EngineStats:
         """The engine's stats after its latest step (all zero before the first)."""
@@ -115,6 +143,34 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    """The same as `histogram.observe(v)` for each value in order (same bucket counts, bit-identical sum),
+    with one update per bucket instead of a locked update per value. Relies on prometheus-client's
+    Histogram keeping `_upper_bounds`, `_buckets` and `_sum` (tests/server/test_metrics.py checks it)."""
+    bounds = histogram._upper_bounds
+    counts = [0] * len(bounds)
+    total = histogram._sum.get()
+    for value in values:
+        total += value                          # in order, as one observe() after another would add
+        counts[bisect_left(bounds, value)] += 1     # the first bucket with value <= bound (+Inf last)
+    histogram._sum.set(total)
+    for bucket, count in zip(histogram._buckets, counts):
+        if count:
+            bucket.inc(count)
+
+
+class _FlushFirst(Collector):
+    """Collects nothing; being the registry's first collector, it flushes the tallies before the metrics
+    are read, whoever reads them (/metrics, the dashboard)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        self._metrics.flush()
+        return iter(())
 
 
 @dataclass
@@ -138,11 +194,11 @@ class RequestRecorder:
         if self.last_token_time is None:
             first = timings.first_token_time if timings.first_token_time is not None else now
             m.ttft.observe(max(0.0, first - timings.arrival_time))
+            m.count_tokens(num_tokens, None)
         else:
-            m.itl.observe(max(0.0, now - self.last_token_time))
+            m.count_tokens(num_tokens, max(0.0, now - self.last_token_time))
         self.last_token_time = now
         self.num_generated += num_tokens
-        m.generation_tokens.inc(num_tokens)
 
     def on_finish(self, reason: str, timings: RequestTimings | None, num_prompt_tokens: int, now: float) -> None:
         if self.done:

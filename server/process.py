@@ -11,6 +11,7 @@ it. The engine process itself exits on its own when this process is gone (engine
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -64,8 +65,18 @@ def run_server(app: FastAPI, host: str, port: int, *, drain_timeout: float, log_
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=_CONNECTION_GRACE_S)
     server = ManagedServer(config, app.state.ctx.async_engine, drain_timeout)
+    freeze_startup_heap()
     server.run()
     return server.exit_code
+
+
+def freeze_startup_heap() -> None:
+    """Moves everything alive after start-up (torch, transformers, the tokenizer, the app: millions of
+    objects) out of the garbage collector's sight. Otherwise each full collection while serving walks them
+    all, a pause of about 0.2 s on the event loop (every stream stalls); objects made later are still
+    collected as usual. Collect first: whatever garbage is frozen stays for good. (vLLM does the same.)"""
+    gc.collect()
+    gc.freeze()
 
 
 def exit_now(code: int) -> NoReturn:

@@ -43,40 +43,51 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 class ChunkFormat:
-    """Serialises stream chunks that share id/object/created/model; the shared head is encoded once."""
+    """Serialises stream chunks that share id/object/created/model; the shared head is encoded once.
 
-    def __init__(self, response_id: str, obj: str, created: int, model: str) -> None:
+    text_choice: the endpoint's choice object in its most common chunk (new text, no logprobs, not
+    finished) as a %-template of the index and the JSON-encoded text, so that this chunk, one per token,
+    is built without a dict (`text_event`); it must encode exactly as `event` would encode that choice."""
+
+    def __init__(self, response_id: str, obj: str, created: int, model: str, text_choice: bytes = b"") -> None:
         head = dumps({"id": response_id, "object": obj, "created": created, "model": model})
         self._head = b"data: " + head[:-1] + b',"choices":['
+        self._text_choice = text_choice
 
     def event(self, choice: dict[str, Any]) -> bytes:
         return b"".join((self._head, dumps(choice), b"]}\n\n"))
+
+    def text_event(self, index: int, text: str) -> bytes:
+        return b"".join((self._head, self._text_choice % (index, dumps(text)), b"]}\n\n"))
 
     def usage_event(self, usage: dict[str, int]) -> bytes:
         return b"".join((self._head, b'],"usage":', dumps(usage), b"}\n\n"))
 
 
-async def choice_events(stream: GenerationStream, fmt: ChunkFormat,
-                        render: Callable[[ChoiceDelta], dict[str, Any] | None], include_usage: bool,
+async def choice_events(stream: GenerationStream, render: Callable[[ChoiceDelta], bytes], usage: ChunkFormat | None,
                         first: bytes = b"", with_first_update: bytes = b"") -> AsyncIterator[bytes]:
     """The body of a completions or chat stream: `first` (echo chunks) at once, `with_first_update` (chat's
-    role chunks) in front of the first update, one chunk per choice update that `render` keeps, the usage
-    chunk when asked for, then [DONE]. A failure after the stream started is reported in-band, as an error
-    event."""
+    role chunks) in front of the first update, the events `render` makes of each choice update (b"" for
+    none), the usage chunk when `usage` is given, then [DONE]. A failure after the stream started is
+    reported in-band, as an error event."""
     try:
         if first:
             yield first
         pending = with_first_update
-        async for deltas in stream.updates():
-            yield pending + b"".join(fmt.event(chunk) for chunk in map(render, deltas) if chunk is not None)
-            pending = b""
-        if include_usage:
-            yield fmt.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
+        while not stream.finished:
+            waiter = stream.news()
+            if waiter is not None:
+                await waiter
+            deltas = stream.take()
+            if deltas:
+                yield pending + b"".join([render(d) for d in deltas])
+                pending = b""
+        if usage is not None:
+            yield usage.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
     except GenerationError as exc:
         yield sse_event(error_body(exc.status, f"Generation failed: {exc}."))
     finally:
-        # Closed at a `yield` (client gone), the inner updates() generator is not closed with us: abort
-        # the engine requests here rather than whenever that generator is collected.
+        # Ended early (client gone, error): abort the engine requests now.
         stream.close()
     yield DONE
 

@@ -117,7 +117,7 @@ def _numbers(page, selector: str) -> str:
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium; .ci/install does it "
                                              "where apt-get is available)")
 def test_browser_shows_the_metrics(server: ServerProcess, traffic: dict[str, float], tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     errors: list[str] = []
     with sync_playwright() as p:
@@ -130,8 +130,10 @@ def test_browser_shows_the_metrics(server: ServerProcess, traffic: dict[str, flo
             page.wait_for_selector("#key-form:not([hidden])", timeout=10_000)   # it asks before any request
             page.fill("#key-input", KEY)
             page.click("#key-form button")
-            page.wait_for_function("document.querySelector('#status').textContent === 'live'", timeout=15_000)
-            page.wait_for_function("document.querySelectorAll('#requests .req').length > 0", timeout=15_000)
+            # Locator waits, not wait_for_function: when its predicate is not true at once, playwright polls
+            # it with eval, which the page's Content-Security-Policy (script-src 'self') refuses.
+            expect(page.locator("#status")).to_have_text("live", timeout=15_000)
+            page.wait_for_selector("#requests .req", state="attached", timeout=15_000)
             values, _ = scrape(httpx.Client(base_url=server.base_url, timeout=30.0))
             total = NUM_PLAIN + NUM_STREAMED
             expected = {

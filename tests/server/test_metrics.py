@@ -74,3 +74,35 @@ def test_stop_finishes_are_labelled(http: httpx.Client) -> None:
     assert after["pagedserve_request_success_total{stop}"] - before["pagedserve_request_success_total{stop}"] == 1
     assert (after["pagedserve_generation_tokens_total"] - before["pagedserve_generation_tokens_total"]
             == 8 + stopped["usage"]["completion_tokens"])
+
+
+def test_batched_observations_equal_one_by_one() -> None:
+    """observe_all (the per-step flush) leaves a histogram exactly as observe() per value would: same
+    bucket counts, bit-identical sum, whatever the order; and a read of the registry flushes first."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from server.metrics import ServerMetrics, observe_all
+
+    rng = random.Random(7)
+    values = [rng.choice([0.0, 0.001, 0.005, 0.0125, 80.0, 1e6]) if i % 5 == 0 else rng.expovariate(30)
+              for i in range(3000)]
+    one, batched = (Histogram(name, "h", buckets=(0.001, 0.005, 0.01, 0.025, 0.1, 1.0, 80.0),
+                              registry=CollectorRegistry()) for name in ("one", "batched"))
+    one.observe(0.3)
+    batched.observe(0.3)
+    for v in values:
+        one.observe(v)
+    for i in range(0, len(values), 256):           # one flush per "step"
+        observe_all(batched, values[i:i + 256])
+    assert [b.get() for b in one._buckets] == [b.get() for b in batched._buckets]
+    assert one._sum.get() == batched._sum.get()
+
+    metrics = ServerMetrics("m", 64)
+    metrics.count_tokens(3, None)
+    metrics.count_tokens(2, 0.02)
+    text = metrics.render().decode()           # not flushed by anyone but the read itself
+    assert 'pagedserve_generation_tokens_total{model_name="m"} 5.0' in text
+    assert 'pagedserve_inter_token_latency_seconds_count{model_name="m"} 1.0' in text
+    assert 'pagedserve_inter_token_latency_seconds_sum{model_name="m"} 0.02' in text
