@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 _ENGINE = Path(__file__).parent
 SOURCES = (_ENGINE / "cpu_pool.cpp", _ENGINE / "attention" / "cpu_kernel.cpp",
            _ENGINE / "layers" / "cpu_linear.cpp", _ENGINE / "layers" / "cpu_ops.cpp")
-HEADERS = (_ENGINE / "cpu_pool.h",)
+HEADERS = (_ENGINE / "cpu_pool.h", _ENGINE / "cpu_dtypes.h")
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).

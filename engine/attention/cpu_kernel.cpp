@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu_dtypes.h"
 #include "../cpu_pool.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -25,20 +26,8 @@ constexpr int MAX_D = 256;    // largest head_dim
 constexpr int MAX_ROWS = 64;  // rows per work item (tile tokens x group)
 constexpr float NEG = -1e30f; // finite "minus infinity": exp(NEG - max) is 0 without inf arithmetic
 
-inline float load(const float* p) { return *p; }
-inline float load(const uint16_t* p) {  // bfloat16 -> fp32 is a shift
-  uint32_t u = static_cast<uint32_t>(*p) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void store(float* p, float f) { *p = f; }
-inline void store(uint16_t* p, float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = static_cast<uint16_t>(u >> 16);
-}
+using pagedserve::load;
+using pagedserve::store;
 
 // dot and axpy over one head vector. Written with AVX-512 intrinsics where the CPU has them (head_dim a
 // multiple of 16): left to itself the compiler fuses neighbouring calls into one scalar loop.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../cpu_dtypes.h"
 #include "../cpu_pool.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -21,24 +22,8 @@ constexpr int R = 4;                 // weight rows per block: R x MB accumulato
 constexpr int MB = 4;                // input rows per pass
 constexpr int64_t CHUNK_BLOCKS = 8;  // blocks per pool index: 32 weight rows
 
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float load(const float* p) { return *p; }
-inline float load(const uint16_t* p) { return bf16_to_float(*p); }
-inline void store(float* p, float f) { *p = f; }
-inline void store(uint16_t* p, float f) { *p = float_to_bf16(f); }
+using pagedserve::load;
+using pagedserve::store;
 
 // One K step of 16 (fp32) or 32 (bf16) elements: acc += w * x lane-wise.
 struct Fp32 {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../cpu_dtypes.h"
 #include "../cpu_pool.h"
 
 namespace {
@@ -15,20 +16,8 @@ namespace {
 constexpr int64_t ROWS_PER_INDEX = 16;  // rows per pool index: fewer run on the calling thread alone
 constexpr int MAX_D = 512;             // largest head_dim for RoPE
 
-inline float load(const float* p) { return *p; }
-inline float load(const uint16_t* p) {
-  const uint32_t u = static_cast<uint32_t>(*p) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void store(float* p, float f) { *p = f; }
-inline void store(uint16_t* p, float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = static_cast<uint16_t>(u >> 16);
-}
+using pagedserve::load;
+using pagedserve::store;
 // f(r) for every row, ROWS_PER_INDEX rows per index of the pool (engine/cpu_pool.h).
 template <typename F>
 void for_rows(int64_t rows, F&& f) {

@@ -122,6 +122,14 @@ class LlamaForCausalLM(nn.Module):
     def use_triton_kernels(self) -> None:
         """Swap norm, RoPE (+ Qwen3 q/k norm) and SiLU-and-mul for their fused Triton kernels."""
         from kernels import activation, norm, rope
+        self._use_fused(norm=norm, activation=activation, rope=rope)
+
+    def use_cpu_kernels(self, ops: CpuOps, small_batch: SmallBatchLinear | None) -> None:
+        """Swap norm and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
+        every linear layer's few-row products (decode steps) to the CPU kernel."""
+        self._use_fused(norm=ops, rope=ops, small_batch=small_batch)
+
+    def _use_fused(self, norm=None, activation=None, rope=None, small_batch=None) -> None:
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.fused = norm
@@ -129,15 +137,6 @@ class LlamaForCausalLM(nn.Module):
                 module.fused = activation
             elif isinstance(module, Attention):
                 module.fused_rope = rope
-
-    def use_cpu_kernels(self, ops: CpuOps, small_batch: SmallBatchLinear | None) -> None:
-        """Swap norm and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
-        every linear layer's few-row products (decode steps) to the CPU kernel."""
-        for module in self.modules():
-            if isinstance(module, RMSNorm):
-                module.fused = ops
-            elif isinstance(module, Attention):
-                module.fused_rope = ops
             elif isinstance(module, LinearBase):
                 module.small_batch = small_batch
 
