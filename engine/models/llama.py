@@ -129,7 +129,9 @@ class LlamaForCausalLM(nn.Module):
         every linear layer's few-row products (decode steps) to the CPU kernel."""
         self._use_fused(norm=ops, rope=ops, small_batch=small_batch)
 
-    def _use_fused(self, norm=None, activation=None, rope=None, small_batch=None) -> None:
+    def _use_fused(self, norm: object = None, activation: object = None, rope: object = None,
+                   small_batch: SmallBatchLinear | None = None) -> None:
+        """norm/activation/rope: modules or objects with the functions of kernels.norm/activation/rope."""
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.fused = norm

@@ -8,14 +8,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.server_proc import REPO_ROOT, ServerProcess, free_port
+from tests.server.server_proc import REPO_ROOT, ServerProcess, free_port, wait_for_200
 
 # The router packages' Python modules (their launchers wrap the Rust router in the same wheel).
 ROUTER_MODULES = {"vllm-router": "vllm_router.launch_router", "sglang-router": "sglang_router.launch_router"}
@@ -59,18 +58,8 @@ class RouterProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> RouterProcess:
         """Ready once it lists the workers' model (its /v1/models is forwarded to a healthy worker)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/v1/models", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"router not ready after {timeout}s:\n{self.log_tail()}")
+        wait_for_200(self.proc, self.base_url + "/v1/models", timeout, "router", self.log_tail, self.stop)
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_200(proc: subprocess.Popen, url: str, timeout: float, what: str, log_tail: Callable[[], str],
+                 stop: Callable[[], object]) -> None:
+    """Polls url until it answers 200; on exit of proc or timeout: stop it and raise with its log's tail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    stop()
+    raise RuntimeError(f"{what} not ready after {timeout}s:\n{log_tail()}")
 
 
 def serve_command() -> list[str]:
@@ -41,18 +59,8 @@ class ServerProcess:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log_tail()}")
+        wait_for_200(self.proc, self.base_url + "/health", timeout, "server", self.log_tail, self.stop)
+        return self
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
