@@ -1,5 +1,5 @@
-"""A simulated engine for front-end benchmarks: each step takes a fixed time with the GIL released (as a GPU
-step does, the host waiting on the device) and gives every running request one token.
+"""A simulated engine for front-end benchmarks: each step takes a fixed time of the device's with the GIL
+released (as a GPU step does, the host waiting on the device) and gives every running request one token.
 
 Sized by default like an H100's decode step for Qwen3-0.6B at batch 256: 8 ms per step for up to 256
 requests, i.e. 32,000 tokens/s. The tokens cycle through an English sentence, so the front end detokenizes
@@ -45,6 +45,7 @@ class SimEngine:
         self.waiting: deque[_Request] = deque()
         self.running: dict[str, _Request] = {}
         self.num_steps = 0
+        self._device_free_at = 0.0      # when the device finishes the step it is running
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> None:
@@ -65,7 +66,14 @@ class SimEngine:
             req = self.waiting.popleft()
             req.timings.first_scheduled_time = now
             self.running[req.request_id] = req
-        time.sleep(self.step_s)     # the device's time: the GIL is free meanwhile
+        # The device's time, with the GIL free meanwhile. The device runs steps back to back while the
+        # host keeps ahead of it (the overlap scheduler's case: the host's per-step work, here sending the
+        # step's output and reading new requests, runs during the next step's device time), so a step
+        # ends one step time after the previous one; after a gap of a whole step (no work, or a host too
+        # slow to keep ahead) the device sat idle and the step takes its full time from now.
+        start = self._device_free_at if self._device_free_at > now - self.step_s else now
+        self._device_free_at = start + self.step_s
+        time.sleep(max(0.0, self._device_free_at - now))
         now = time.monotonic()
         token = self.tokens[self.num_steps % len(self.tokens)]
         self.num_steps += 1
