@@ -18,12 +18,14 @@ from server.chat_plan import ChatOptions
 from server.context import ServingContext, get_context
 from server.dashboard.collector import DashboardOptions, StatsCollector
 from server.dashboard.routes import install_dashboard
+from server.direct_routes import DirectRoute, DirectRoutes
 from server.engine_client import EngineClient
 from server.errors import error_response, install_error_handlers, model_not_found
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
 from server.load_report import install_load_route
 from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
+from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.security import install_access_control
 
 _SHOWN_TOKENS = 512          # of a prompt or output on the dashboard
@@ -81,9 +83,11 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
 
     app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)
     app.state.ctx = ctx
+    install_error_handlers(app)
+    # Innermost of the server's middleware: every check above still applies to the routes it takes.
+    app.add_middleware(DirectRoutes, routes=_direct_routes(), exception_handlers=app.exception_handlers)
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
     install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
-    install_error_handlers(app)
     for module in (completions, chat, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
@@ -94,6 +98,12 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         faults.install_fault_routes(app, client)
     install_openapi(app, api_key_required=bool(api_key))
     return app
+
+
+def _direct_routes() -> dict[str, DirectRoute]:
+    """The generation routes, taken below FastAPI's routing (server/direct_routes.py)."""
+    return {"/v1/completions": DirectRoute(CompletionRequest, completions.create_completion),
+            "/v1/chat/completions": DirectRoute(ChatCompletionRequest, chat.create_chat_completion)}
 
 
 def _text_of(tokenizer) -> Callable[[list[int]], str]:
