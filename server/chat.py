@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,7 +16,8 @@ from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest, usage_dict
-from server.sse import ChunkFormat, choice_events
+from server.sse import ChunkFormat
+from server.stream_response import ChoiceEvents
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -61,15 +61,14 @@ class _ChatView:
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
-    def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+    def events(self, stream: GenerationStream) -> ChoiceEvents:
         self.fmt = fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name,
                                      text_choice=b'{"index":%d,"delta":{"content":%s},"finish_reason":null}')
         # The first chunk of each choice announces the role, as OpenAI's stream does. It goes out with the
         # first tokens, not before the prefill: clients time the first token from the first chunk (vLLM too).
         role = b"".join(fmt.event({"index": c.index, "delta": {"role": "assistant", "content": ""},
                                   "finish_reason": None}) for c in stream.choices)
-        return choice_events(stream, self._delta_event, fmt if self.body.include_usage else None,
-                             with_first_update=role)
+        return ChoiceEvents(self._delta_event, fmt if self.body.include_usage else None, with_first_update=role)
 
     def _delta_event(self, d: ChoiceDelta) -> bytes:
         if d.finish_reason is None and self.plain and self.body.num_logprobs is None:   # most chunks

@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,7 +16,8 @@ from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
 from server.logprobs import OffsetCounter, completion_logprobs
 from server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, usage_dict
-from server.sse import ChunkFormat, choice_events
+from server.sse import ChunkFormat
+from server.stream_response import ChoiceEvents
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -97,13 +97,13 @@ class _CompletionView:
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
-    def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+    def events(self, stream: GenerationStream) -> ChoiceEvents:
         self.fmt = fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name,
                                      text_choice=b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}')
         echo = b"".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
                                               self._logprobs(i, [], [], with_prompt=True), None, None))
                        for i in range(len(stream.choices))) if self.echo_texts else b""
-        return choice_events(stream, self._delta_event, fmt if self.body.include_usage else None, first=echo)
+        return ChoiceEvents(self._delta_event, fmt if self.body.include_usage else None, first=echo)
 
     def _delta_event(self, d: ChoiceDelta) -> bytes:
         if d.finish_reason is None and self.body.logprobs is None:   # most chunks: text only

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,7 +18,8 @@ from server.errors import APIError, ClientDisconnected, model_not_found
 from server.generation import GenerationError, GenerationStream
 from server.logprobs import TokenText
 from server.metrics import ServerMetrics
-from server.sse import SSEResponse, await_or_disconnect
+from server.sse import await_or_disconnect
+from server.stream_response import ChoiceEvents, SSEResponse, StepWriter
 
 
 @dataclass
@@ -32,6 +32,7 @@ class ServingContext:
     token_text: TokenText
     created: int = field(default_factory=lambda: int(time.time()))
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
+    writer: StepWriter = field(default_factory=StepWriter)      # the streams' per-step rendering and writes
 
     @property
     def max_model_len(self) -> int:
@@ -60,11 +61,12 @@ class ServingContext:
 
 class View(Protocol):
     """How one endpoint renders a generation: as SSE events, or as one JSON body at the end."""
-    def events(self, stream: GenerationStream) -> AsyncIterator[bytes]: ...
+    def events(self, stream: GenerationStream) -> ChoiceEvents: ...
     def response(self, stream: GenerationStream) -> dict[str, Any]: ...
 
 
 async def respond(request: Request, stream: GenerationStream, view: View, streaming: bool) -> Response:
+    ctx = get_context(request)
     if streaming and stream.params.structured_outputs is not None:
         # Its grammar compiles in the engine first: a bad one must still get a 400, not a stream.
         try:
@@ -76,7 +78,7 @@ async def respond(request: Request, stream: GenerationStream, view: View, stream
             stream.close()
             raise APIError(error.status, str(error))
     if streaming:
-        return SSEResponse(view.events(stream))
+        return SSEResponse(stream, view.events(stream), ctx.writer)
     try:
         await await_or_disconnect(request, stream.collect())
     except ClientDisconnected:

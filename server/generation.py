@@ -65,6 +65,7 @@ class GenerationStream:
         self._closed = False
         self.expired: str | None = None                   # Expired.why, once it ended the stream
         self.deadline: asyncio.TimerHandle | None = None  # --request-timeout's timer, cancelled on close
+        self.push: Callable[[], None] | None = None        # told when news is ready (server/stream_response.py)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -81,11 +82,20 @@ class GenerationStream:
                 return False
         return True
 
+    @property
+    def ready(self) -> bool:
+        """The inbox holds news worth taking now (see stream_interval)."""
+        return self._ready
+
     def put(self, item: QueueItem) -> None:
-        """Called on the event loop by the bridge: one item per engine step with news for this stream."""
+        """Called on the event loop by the bridge: one item per engine step with news for this stream.
+        The consumer learns of news through `push` when set (a streamed response), else by its waiter."""
         self._inbox.append(item)
         if not self._ready and self._wakes(item):
             self._ready = True
+            if self.push is not None:
+                self.push()
+                return
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)

@@ -1,24 +1,21 @@
-"""Server-sent events and client-disconnect handling.
+"""Server-sent events (the chunk format) and client-disconnect handling.
 
-A client that goes away must abort its request so the engine frees its KV blocks. For streams, the
-response races the body against `http.disconnect` and always closes the body generator (whose `finally`
-aborts the request). For plain responses, `await_or_disconnect` does the same race around the wait.
+A client that goes away must abort its request so the engine frees its KV blocks. Streams race their
+response against `http.disconnect` (server/stream_response.py); for plain responses, `await_or_disconnect`
+does the same race around the wait.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive
 
-from server.errors import ClientDisconnected, error_body
-from server.generation import ChoiceDelta, GenerationError, GenerationStream
-from server.protocol import usage_dict
+from server.errors import ClientDisconnected
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
@@ -35,7 +32,7 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
+async def wait_for_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -64,72 +61,10 @@ class ChunkFormat:
         return b"".join((self._head, b'],"usage":', dumps(usage), b"}\n\n"))
 
 
-async def choice_events(stream: GenerationStream, render: Callable[[ChoiceDelta], bytes], usage: ChunkFormat | None,
-                        first: bytes = b"", with_first_update: bytes = b"") -> AsyncIterator[bytes]:
-    """The body of a completions or chat stream: `first` (echo chunks) at once, `with_first_update` (chat's
-    role chunks) in front of the first update, the events `render` makes of each choice update (b"" for
-    none), the usage chunk when `usage` is given, then [DONE]. A failure after the stream started is
-    reported in-band, as an error event."""
-    try:
-        if first:
-            yield first
-        pending = with_first_update
-        while not stream.finished:
-            waiter = stream.news()
-            if waiter is not None:
-                await waiter
-            deltas = stream.take()
-            if deltas:
-                yield pending + b"".join([render(d) for d in deltas])
-                pending = b""
-        if usage is not None:
-            yield usage.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
-    except GenerationError as exc:
-        yield sse_event(error_body(exc.status, f"Generation failed: {exc}."))
-    finally:
-        # Ended early (client gone, error): abort the engine requests now.
-        stream.close()
-    yield DONE
-
-
-class SSEResponse(Response):
-    """Streams `data: ...` events from an async iterator of bytes; a disconnect closes the iterator."""
-
-    def __init__(self, body: AsyncIterator[bytes]) -> None:
-        self._events = body
-        self.status_code = 200
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sender = asyncio.ensure_future(self._send_all(send))
-        listener = asyncio.ensure_future(_wait_for_disconnect(receive))
-        try:
-            await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            listener.cancel()
-            sender.cancel()
-            await asyncio.gather(sender, listener, return_exceptions=True)
-            # Runs the body's `finally` (the abort) even if it never started or was cancelled mid-wait.
-            await self._events.aclose()
-        if not sender.cancelled() and sender.exception() is not None:
-            raise sender.exception()
-
-    async def _send_all(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        async for piece in self._events:
-            if piece:
-                # One engine step wakes every stream at once. Yielding one loop pass here lets all of them
-                # render first and then write back to back: on a local client, a write spaced out by
-                # rendering wakes the reader each time, and that wake-up costs the writer 2-3x the write.
-                await asyncio.sleep(0)
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
 async def await_or_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Awaits `work`; if the client disconnects first, cancels it and raises ClientDisconnected."""
     task = asyncio.ensure_future(work)
-    listener = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    listener = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         done, _ = await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
