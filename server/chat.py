@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,7 +10,7 @@ from fastapi.responses import Response
 from server.api_schema import ChatCompletionResponse, generation_responses
 from server.chat_output import ChatOutputFormat
 from server.chat_plan import plan_chat
-from server.context import ServingContext, get_context, respond
+from server.context import ServingContext, get_context, respond, response_id
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
 from server.logprobs import chat_logprobs
@@ -32,7 +31,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     plan = plan_chat(body, ctx.tokenizer, ctx.options)
     params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
                                   plan.constraint)
-    view = _ChatView(ctx, body, f"chatcmpl-{uuid.uuid4().hex}", plan.output)
+    view = _ChatView(ctx, body, response_id("chatcmpl"), plan.output)
     stream = ctx.start(view.id, [plan.prompt], params, arrival)
     return await respond(raw_request, stream, view, body.stream)
 

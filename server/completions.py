@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,7 +10,7 @@ from fastapi.responses import Response
 from transformers import PreTrainedTokenizerBase
 
 from server.api_schema import CompletionResponse, generation_responses
-from server.context import ServingContext, get_context, respond
+from server.context import ServingContext, get_context, respond, response_id
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
 from server.logprobs import OffsetCounter, completion_logprobs
@@ -47,9 +46,9 @@ async def create_completion(body: CompletionRequest, raw_request: Request) -> Re
     body.validate_request()
     prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
     params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint())
-    response_id = f"cmpl-{uuid.uuid4().hex}"
-    view = _CompletionView(ctx, body, response_id, prompts, texts)
-    stream = ctx.start(response_id, prompts, params, arrival)
+    request_id = response_id("cmpl")
+    view = _CompletionView(ctx, body, request_id, prompts, texts)
+    stream = ctx.start(request_id, prompts, params, arrival)
     return await respond(raw_request, stream, view, body.stream)
 
 

@@ -1,6 +1,7 @@
 """What every route needs: the model's info and tokenizer, the engine bridge, the served name, the metrics."""
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -90,6 +91,16 @@ async def respond(request: Request, stream: GenerationStream, view: View, stream
                             "lower max_tokens or n, or use stream=true to keep what was generated.",
                        code="request_timeout")
     return JSONResponse(view.response(stream))
+
+
+# Seeded from the OS once; an id then costs no system call (uuid4 reads os.urandom each time, a
+# measurable part of a request's cost when hundreds arrive at once). Ids are unique, not secrets.
+_ids = random.Random()
+
+
+def response_id(prefix: str) -> str:
+    """A response id as OpenAI's look: prefix-<32 hex digits>."""
+    return f"{prefix}-{_ids.getrandbits(128):032x}"
 
 
 def get_context(request: Request) -> ServingContext:
