@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from engine.messages import StepOutput
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
 from server.stream_response import send_now
-from tests.server.fakes import ScriptedClient, scripted_app
+from tests.server.fakes import scripted_app
 from tests.server.sse import parse_sse
 
 WORDS = [" one", " two", " three", " four", " five", " six"]
@@ -62,7 +61,6 @@ async def _turns(n: int = 10) -> None:
 async def _slow_and_fast_streams() -> tuple[Recorder, Recorder, list[int]]:
     app, [client] = scripted_app()
     await app.state.ctx.async_engine.start()
-    client: ScriptedClient
     slow, fast = Recorder(hold_from=1), Recorder()
     body = json.dumps({"prompt": "hi", "max_tokens": len(WORDS), "stream": True}).encode()
     tasks = [asyncio.ensure_future(_request(app, body, r.send)) for r in (slow, fast)]
@@ -76,7 +74,7 @@ async def _slow_and_fast_streams() -> tuple[Recorder, Recorder, list[int]]:
         last = step == len(token_ids) - 1
         deltas = [RequestDelta(rid, [SequenceDelta(0, ids, None, "length" if last else None)], last, len(prompt), 0,
                                RequestTimings(arrival or 0.0)) for rid, prompt, _, arrival in requests]
-        client._on_output(StepOutput(deltas, EngineStats(num_running=2)))
+        client.deliver(deltas, EngineStats(num_running=2))
         await _turns()
         fast_chunks_per_step.append(len(fast.chunks))
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
