@@ -121,18 +121,10 @@ class GenerationStream:
             return GenerationError(item[1].error, item[1].error_status)
         return None
 
-    def news(self) -> asyncio.Future | None:
-        """None when there is news worth taking now (see stream_interval), else a future to await until
-        there is. A plain function, not a coroutine: one frame less to resume per token."""
-        if self._ready:
-            return None
-        self._waiter = waiter = asyncio.get_running_loop().create_future()
-        return waiter
-
     def take(self) -> list[ChoiceDelta]:
         """The choices' news since the last take (possibly none). Raises GenerationError when the request
-        failed, after counting it in /metrics. The consumer loop is `while not finished:` await `news()`
-        (unless None), then `take()`, without an async generator in between: this runs once per token."""
+        failed, after counting it in /metrics. A streamed response takes when `push` says there is news
+        (server/stream_response.py); `updates()` when its waiter is woken."""
         items, self._inbox = self._inbox, []
         self._ready, self._woken = False, True
         try:
@@ -145,9 +137,9 @@ class GenerationStream:
         """Yields the choices' news, in batches, until every choice has finished."""
         try:
             while not self.finished:
-                waiter = self.news()
-                if waiter is not None:
-                    await waiter
+                if not self._ready:
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    await self._waiter
                 deltas = self.take()
                 if deltas:
                     yield deltas

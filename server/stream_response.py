@@ -97,12 +97,12 @@ class SSEResponse(Response):
             raise done.exception()
 
     def _news(self) -> None:
-        if self._writing is None and not done(self._done):
+        if self._writing is None and not _ended(self._done):
             self._writer.mark(self)
 
     def take_events(self) -> bytes:
         """The events for the stream's news since the last render (b"" if none make a chunk)."""
-        if self._writing is not None or done(self._done):
+        if self._writing is not None or _ended(self._done):
             return b""                      # a slow client: the news waits in the stream's inbox
         try:
             return self._render()
@@ -128,7 +128,7 @@ class SSEResponse(Response):
         return piece + DONE
 
     def write(self, piece: bytes) -> None:
-        if done(self._done) or not (piece or self._last):
+        if _ended(self._done) or not (piece or self._last):
             return
         message = {"type": "http.response.body", "body": piece, "more_body": not self._last}
         try:
@@ -143,17 +143,19 @@ class SSEResponse(Response):
 
     def _written(self, task: asyncio.Task) -> None:
         self._writing = None
-        if done(self._done):
+        if _ended(self._done):
             return
-        if task.cancelled() or task.exception() is not None:
-            self._done.set_exception(task.exception() or ConnectionError("the write was cancelled"))
+        if task.cancelled():
+            self._done.set_exception(ConnectionError("the write was cancelled"))
+        elif task.exception() is not None:
+            self._done.set_exception(task.exception())
         elif self._last:
             self._done.set_result(None)
         elif self._stream.ready:            # news came while the client was behind
             self._writer.mark(self)
 
 
-def done(future: asyncio.Future | None) -> bool:
+def _ended(future: asyncio.Future | None) -> bool:
     return future is None or future.done()
 
 
