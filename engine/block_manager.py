@@ -138,14 +138,15 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> int:
         """Take cached blocks for seq's leading full blocks; returns the number of tokens reused.
 
-        The last token is always recomputed (its logits are needed), so only blocks that end before it count.
+        The last token is always recomputed (its logits are needed), so only blocks that end before it count,
+        and none past the tokens the sequence lets it reuse (those whose prompt logprobs are wanted).
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
         self.prefix_queries += seq.num_tokens
         if not self.enable_prefix_caching:
             return 0
         bs, prev = self.block_size, None
-        for i in range((seq.num_tokens - 1) // bs):
+        for i in range(min(seq.num_tokens - 1, seq.num_reusable_tokens) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self._chain_hash(prev, tokens)
             block_id = self.cached.get(h)

@@ -40,6 +40,7 @@ class EngineConfig:
     # Launch step N+1 before step N's tokens reach the host. None: on for CUDA, where the device runs
     # asynchronously; off on CPU, where the forward would compete with the host work for the same cores.
     async_scheduling: bool | None = None
+    max_logprobs: int = 20            # most logprobs / prompt_logprobs alternatives a request may ask for
     grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
     # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
     # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
@@ -65,6 +66,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be >= 2 (block 0 is reserved).")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1.")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}.")
         if not self.grammar_compile_timeout > 0:
             raise ValueError("grammar_compile_timeout must be > 0 seconds.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -13,7 +13,7 @@ from engine import device_info
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
-from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
+from engine.executor import PLACEHOLDER, LaunchedStep, LogprobLists, StepExecutor, StepResult, StepTask
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
 from engine.request import Request, SeqStatus, Sequence
@@ -73,7 +73,7 @@ class LLMEngine:
             device_name=device_info.device_name(self.device),
             weight_bytes=device_info.weight_bytes_per_step(self.model),
             kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
-            memory_bandwidth=device_info.memory_bandwidth(self.device))
+            memory_bandwidth=device_info.memory_bandwidth(self.device), max_logprobs=cfg.max_logprobs)
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
@@ -128,6 +128,8 @@ class LLMEngine:
         n = len(prompt_token_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         req = Request(request_id, list(prompt_token_ids), params, max_tokens)
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = []
         if arrival_time is not None:
             req.timings.arrival_time = arrival_time
         seq = self._new_seq(req, 0, list(prompt_token_ids))
@@ -217,9 +219,13 @@ class LLMEngine:
                 item.seq.request.timings.first_scheduled_time = now
         inputs = self.runner.build_inputs(sched)  # placeholders in it are filled on the device (overlap)
         sampling: list[Sequence] = []
+        scored: list[tuple[Sequence, range]] = []     # prompt_logprobs, in the runner's row order
+        scored_only: list[Sequence] = []              # max_tokens 0: the prompt is done, nothing to sample
         step = StepStats(0.0, 0, 0, 0)
         for item in sched.scheduled:
             seq = item.seq
+            if seq.request.prompt_logprobs is not None:
+                scored.append((seq, seq.prompt_logprob_positions(item.num_new_tokens)))
             seq.num_computed_tokens += item.num_new_tokens
             step.num_context_tokens += seq.num_computed_tokens
             if item.num_new_tokens == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
@@ -228,7 +234,7 @@ class LLMEngine:
                 step.num_prefill_tokens += item.num_new_tokens
                 step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                sampling.append(seq)
+                (sampling if seq.request.max_tokens > 0 else scored_only).append(seq)
         rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
@@ -243,12 +249,15 @@ class LLMEngine:
             seq.token_ids.append(PLACEHOLDER)
             seq.pending_row = i
             positions.append(len(seq.token_ids) - 1)
+        scored = [(seq, span) for seq, span in scored if span]
         task = StepTask(
             inputs, sched.block_copies, self.in_flight.future if inputs.fill_dst is not None else None,
-            torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st)
+            torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st,
+            max(seq.params.prompt_logprobs for seq, _ in scored) if scored else None)
         prepare_s = time.perf_counter() - t1
-        launched = LaunchedStep(sched, rows, positions, self.executor.submit(task))
+        launched = LaunchedStep(sched, rows, positions, scored, self.executor.submit(task))
         launched.schedule_s, launched.prepare_s, launched.step = t1 - t0, prepare_s, step
+        launched.scored_only = scored_only
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -287,6 +296,8 @@ class LLMEngine:
     def _postprocess(self, launched: LaunchedStep, result: StepResult) -> list[RequestDelta]:
         now = time.monotonic()
         deltas: dict[str, RequestDelta] = {}
+        if result.prompt_logprobs is not None:
+            _collect_prompt_logprobs(launched.scored, result.prompt_logprobs)
         for i, (seq, pos) in enumerate(zip(launched.rows, launched.positions)):
             if seq.status is SeqStatus.FINISHED:  # finished or aborted while this step ran
                 continue
@@ -304,12 +315,11 @@ class LLMEngine:
                 self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
-            delta = deltas.get(req.request_id)
-            if delta is None:
-                delta = deltas[req.request_id] = RequestDelta(
-                    req.request_id, [], False, len(req.prompt_token_ids), req.num_cached_tokens, req.timings)
-            delta.seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry],
-                                            seq.finish_reason, seq.stop_reason))
+            self._delta(deltas, req).seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry],
+                                                               seq.finish_reason, seq.stop_reason))
+        for seq in launched.scored_only:
+            if seq.status is not SeqStatus.FINISHED:
+                self._finish_scoring(seq, deltas, now)
         for delta in deltas.values():
             req = self.requests[delta.request_id]
             if req.finished:
@@ -317,6 +327,29 @@ class LLMEngine:
                 req.timings.finished_time = now
                 del self.requests[delta.request_id]
         return list(deltas.values())
+
+    @staticmethod
+    def _delta(deltas: dict[str, RequestDelta], req: Request) -> RequestDelta:
+        """The request's delta of this step; its prompt logprobs ride on the first one after all are in."""
+        delta = deltas.get(req.request_id)
+        if delta is None:
+            delta = deltas[req.request_id] = RequestDelta(
+                req.request_id, [], False, len(req.prompt_token_ids), req.num_cached_tokens, req.timings)
+            scored = req.prompt_logprobs
+            if (scored is not None and not req.prompt_logprobs_sent
+                    and len(scored) >= len(req.prompt_token_ids) - 1):
+                delta.prompt_logprobs, req.prompt_logprobs_sent = scored, True
+        return delta
+
+    def _finish_scoring(self, seq: Sequence, deltas: dict[str, RequestDelta], now: float) -> None:
+        """max_tokens 0: the prompt is computed (and scored), so each sample ends without a token."""
+        family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
+        delta = self._delta(deltas, seq.request)
+        for s in family:
+            self.scheduler.finish(s, "length")
+            delta.seqs.append(SequenceDelta(s.index, [], None, "length"))
+        if seq.request.timings.first_token_time is None:
+            seq.request.timings.first_token_time = now
 
     def _check_finish(self, seq: Sequence, tok: int, pos: int) -> None:
         """pos: where tok sits in the sequence (later placeholders may follow it under overlap)."""
@@ -355,5 +388,19 @@ class LLMEngine:
 
     def fail_all(self, error: BaseException) -> list[RequestDelta]:
         return self._fail(self.requests.values(), error)
+
+def _collect_prompt_logprobs(scored: list[tuple[Sequence, range]], lists: LogprobLists) -> None:
+    """Appends each scored position's entry to its request (positions scored twice, around a preemption
+    while the step ran, are kept once)."""
+    logprobs, ranks, top_ids, top_logprobs = lists
+    row = 0
+    for seq, span in scored:
+        entries, k = seq.request.prompt_logprobs, seq.params.prompt_logprobs
+        for pos in span:
+            if len(entries) == pos and seq.status is not SeqStatus.FINISHED:
+                entries.append(TokenLogprob(seq.token_ids[pos + 1], logprobs[row], ranks[row],
+                                            list(zip(top_ids[row][:k], top_logprobs[row][:k]))))
+            row += 1
+
 
 from engine.loop import EngineLoop  # noqa: E402,F401  (the engine's thread lives beside it)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,19 +17,23 @@ from engine.distributed.step_channel import StepChannel
 from engine.model_runner import ModelRunner, StepInputs
 from engine.outputs import StepStats
 from engine.request import Sequence
-from engine.sampler import Sampler, SamplingTensors
+from engine.sampler import Sampler, SamplerOutput, SamplingTensors, score_tokens
 from engine.scheduler import SchedulerOutput
 
 PLACEHOLDER = -1  # a token id that is still being sampled on the device
+
+
+LogprobLists = tuple[list[float], list[int], list[list[int]], list[list[float]]]   # logprobs, ranks, top ids, top
 
 
 @dataclass
 class StepResult:
     token_ids: torch.Tensor                  # [num_rows] on the device: feeds the next step's placeholders
     tokens: list[int]
-    logprobs: tuple | None                   # (logprobs, ranks, top_ids, top_logprobs) as lists
+    logprobs: LogprobLists | None
     forward_s: float
     sample_s: float
+    prompt_logprobs: LogprobLists | None = None   # one row per scored prompt position, in launch order
 
 
 @dataclass
@@ -37,10 +41,12 @@ class LaunchedStep:
     sched: SchedulerOutput
     rows: list[Sequence]                     # one per sampled token, in row order
     positions: list[int]                     # where each row's token goes in its sequence
+    scored: list[tuple[Sequence, range]]     # prompt_logprobs: the positions each sequence scores, in order
     future: Future
     schedule_s: float = 0.0
     prepare_s: float = 0.0
     step: StepStats | None = None            # what the step computes, for the engine's stats
+    scored_only: list[Sequence] = field(default_factory=list)   # max_tokens 0: prompts it completes
 
 
 @dataclass
@@ -50,6 +56,7 @@ class StepTask:
     prev: Future | None                      # the previous step, whose sampled tokens fill the placeholders
     counts: torch.Tensor | None              # rows per sampled sequence (n > 1 forks repeat a row)
     sampling: SamplingTensors | None
+    prompt_logprobs: int | None = None       # alternatives to return for scored prompt positions (None: none)
 
 
 class StepExecutor:
@@ -85,19 +92,19 @@ class StepExecutor:
         if self.sync_cuda:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
+        prompt_logprobs = None
+        if task.prompt_logprobs is not None:
+            num_sampling = task.inputs.logits_indices.shape[0]
+            scored = score_tokens(logits[num_sampling:], task.inputs.prompt_target_ids, task.prompt_logprobs)
+            prompt_logprobs, logits = _lists(scored), logits[:num_sampling]
         if task.sampling is None:
-            return StepResult(torch.empty(0, dtype=torch.long), [], None, t1 - t0, 0.0)
+            return StepResult(torch.empty(0, dtype=torch.long), [], None, t1 - t0, 0.0, prompt_logprobs)
         if task.counts is not None:
             logits = logits.repeat_interleave(task.counts, dim=0)
         out = self.sampler.sample(logits, task.sampling)
         tokens = out.token_ids.tolist()  # the one device->host copy of the step
-        logprobs = None
-        if out.logprobs is not None:
-            no_top = [[] for _ in tokens]  # logprobs=0: the chosen token only
-            logprobs = (out.logprobs.tolist(), out.ranks.tolist(),
-                        no_top if out.top_ids is None else out.top_ids.tolist(),
-                        no_top if out.top_logprobs is None else out.top_logprobs.tolist())
-        return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1)
+        logprobs = _lists(out) if out.logprobs is not None else None
+        return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1, prompt_logprobs)
 
     @staticmethod
     def _previous_tokens(task: StepTask) -> torch.Tensor:
@@ -109,3 +116,10 @@ class StepExecutor:
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+
+
+def _lists(out: SamplerOutput) -> LogprobLists:
+    no_top = [[] for _ in range(out.logprobs.shape[0])]   # k = 0: the chosen token only
+    return (out.logprobs.tolist(), out.ranks.tolist(),
+            no_top if out.top_ids is None else out.top_ids.tolist(),
+            no_top if out.top_logprobs is None else out.top_logprobs.tolist())

@@ -78,3 +78,5 @@ class LLM:
             completion.finish_reason = "error" if processor.error else choice.finish_reason
             completion.stop_reason = choice.stop_reason
         out.finished = processor.finished
+        if processor.prompt_logprobs is not None:
+            out.prompt_logprobs = [None, *processor.prompt_logprobs]

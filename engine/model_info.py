@@ -57,6 +57,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     weight_bytes: int = 0              # weights one decode step reads (engine/device_info.py)
     kv_bytes_per_token: int = 0
     memory_bandwidth: float | None = None   # bytes/s of device memory; None on a CPU
+    max_logprobs: int = 20             # --max-logprobs
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -70,10 +71,15 @@ class ModelInfo(msgspec.Struct, frozen=True):
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
         params.check_vocab(self.vocab_size)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ValueError(f"{name} asks for {asked} alternatives, more than this server's --max-logprobs "
+                                 f"({self.max_logprobs}).")
         if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
             check_structured(params.structured_outputs)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len or max_tokens < 1:
+        if n + max_tokens > self.max_model_len or max_tokens < (0 if params.prompt_logprobs is not None else 1):
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "

@@ -23,6 +23,9 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor     # rows of the hidden states whose next token is sampled
+    # prompt_logprobs: rows whose logits score the prompt token after them, and those tokens' ids
+    prompt_logits_indices: torch.Tensor
+    prompt_target_ids: torch.Tensor
     # Overlap: input tokens still being sampled by the previous step (placeholders, < 0) and the rows of that
     # step's sampled-token tensor that fill them, on the device; None when there are none.
     fill_dst: torch.Tensor | None = None
@@ -38,7 +41,7 @@ class PackedStep:
     host: torch.Tensor
 
 
-NUM_FIELDS = 9
+NUM_FIELDS = 11
 HEADER_LEN = 5 + NUM_FIELDS
 
 
@@ -81,9 +84,15 @@ class ModelRunner:
         input_ids = np.empty(num_tokens, np.int64)
         width = max(len(s.seq.block_table) for s in items)
         block_tables = np.zeros((len(items), width), np.int64)
+        scored_rows: list[np.ndarray] = []        # prompt_logprobs: few requests ask, most steps have none
+        scored_ids: list[int] = []
         for i, s in enumerate(items):
             input_ids[cu[i]:cu[i + 1]] = s.seq.token_ids[starts[i]:seq_lens[i]]
             block_tables[i, :len(s.seq.block_table)] = s.seq.block_table
+            if s.seq.request.prompt_logprobs is not None:
+                span = s.seq.prompt_logprob_positions(s.num_new_tokens)
+                scored_rows.append(np.arange(span.start, span.stop) + (cu[i] - starts[i]))
+                scored_ids += s.seq.token_ids[span.start + 1:span.stop + 1]
         rows = np.repeat(np.arange(len(items)), q_lens)
         bs = self.block_size
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
@@ -91,8 +100,9 @@ class ModelRunner:
         logits_indices = cu[1:][sampling] - 1
         fill_dst = np.flatnonzero(input_ids < 0)
         fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
+        prompt_rows = np.concatenate(scored_rows) if scored_rows else np.zeros(0, np.int64)
         fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
-                  fill_dst, fill_src)
+                  fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64))
         header = np.array([len(items), width, q_lens.max(), seq_lens.max(), (q_lens == 1).all(),
                            *(len(f) for f in fields)], np.int64)
         return self.unpack(PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32))))
@@ -107,7 +117,7 @@ class ModelRunner:
             slot_mapping=parts[2], block_tables=parts[6].view(num_seqs, width), seq_lens=parts[3],
             cu_seqlens_q=parts[4], max_seqlen_q=max_q, max_seqlen_k=max_k, is_decode_only=bool(decode_only))
         fills = (parts[7], parts[8]) if len(parts[7]) else (None, None)
-        return StepInputs(parts[0], parts[1], meta, parts[5], *fills, packed=packed)
+        return StepInputs(parts[0], parts[1], meta, parts[5], parts[9], parts[10], *fills, packed=packed)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""
@@ -121,8 +131,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Runs the model; returns fp32 logits [num_sampling_rows, vocab]."""
-        if self.graphs is not None and self.graphs.can_run(inputs.meta, inputs.logits_indices.shape[0]):
+        """Runs the model; returns fp32 logits [num_sampling_rows + num_prompt_rows, vocab]: the sampling
+        rows first, then the rows that score prompt tokens (prompt_logprobs)."""
+        rows = inputs.logits_indices
+        scoring = inputs.prompt_logits_indices.shape[0] > 0
+        if not scoring and self.graphs is not None and self.graphs.can_run(inputs.meta, rows.shape[0]):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        if scoring:
+            rows = torch.cat([rows, inputs.prompt_logits_indices])
+        return self.model.compute_logits(hidden[rows])

@@ -45,6 +45,8 @@ class RequestDelta(msgspec.Struct, array_like=True, gc=False):
     timings: RequestTimings
     error: str | None = None           # set when the request failed inside the engine
     error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
+    # prompt_logprobs: entry p scores prompt token p + 1; sent once, on the first delta after all are in
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class StepStats(msgspec.Struct, array_like=True, gc=False):
@@ -90,3 +92,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # vLLM's shape: None for the first token

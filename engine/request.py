@@ -32,6 +32,9 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
     grammar: PendingGrammar | None = None   # set while its structured-output grammar compiles
+    # prompt_logprobs: entry p scores prompt token p + 1 (position p's logits); sent once all are in.
+    prompt_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -74,3 +77,21 @@ class Sequence:
     @property
     def params(self) -> SamplingParams:
         return self.request.params
+
+    def prompt_logprob_positions(self, num_new_tokens: int) -> range:
+        """Positions of its next chunk whose logits score a prompt token not scored yet (the first sample
+        scores the prompt for the whole request; after a preemption, scored positions are not redone)."""
+        scored = self.request.prompt_logprobs
+        if scored is None or self.index != 0:
+            return range(0)
+        start = self.num_computed_tokens
+        return range(max(start, len(scored)), min(start + num_new_tokens, self.num_prompt_tokens - 1))
+
+    @property
+    def num_reusable_tokens(self) -> int:
+        """Leading tokens whose KV may come from the prefix cache: a cached prefix has no logits, so not
+        the positions whose prompt logprobs are still wanted."""
+        scored = self.request.prompt_logprobs
+        if scored is None or self.index != 0 or len(scored) >= self.num_prompt_tokens - 1:
+            return self.num_tokens
+        return len(scored)

@@ -306,6 +306,12 @@ def _with_logprobs(token_ids: torch.Tensor, logprobs: torch.Tensor | None, k: in
     return SamplerOutput(token_ids, chosen.squeeze(1), ranks, top_ids, top_lp)
 
 
+def score_tokens(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> SamplerOutput:
+    """prompt_logprobs: each row's raw log-probability of the given token, its rank and the k best."""
+    logprobs = _scrub(logits.float(), posinf=_BIG).log_softmax(-1).nan_to_num_(nan=_NEG_INF)
+    return _with_logprobs(token_ids.long(), logprobs, k)
+
+
 def _penalty_tensors(dev: dict[str, torch.Tensor]) -> PenaltyTensors | None:
     if "pen_rows" not in dev:
         return None

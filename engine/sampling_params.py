@@ -8,7 +8,6 @@ from engine.structured.spec import StructuredOutputs
 
 # Bounds on what one request may make the engine allocate or compute.
 MAX_N = 128
-MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -33,6 +32,8 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Log-probabilities of the prompt's own tokens (each but the first) and the k best alternatives.
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -65,7 +66,8 @@ class SamplingParams:
     def validate(self) -> None:
         _check_int("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, 1, None)
+            # 0 scores the prompt without generating (completions' echo with max_tokens 0).
+            _check_int("max_tokens", self.max_tokens, 0 if self.prompt_logprobs is not None else 1, None)
         _check_int("min_tokens", self.min_tokens, 0, None)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens}).")
@@ -82,8 +84,9 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}.")
         if self.seed is not None:
             _check_int("seed", self.seed, -(2**63), 2**63 - 1)
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, None)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}.")
         for s in self.stop:

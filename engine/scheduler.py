@@ -57,7 +57,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if self._at_limit(seq):  # its token in flight is its last one (overlap): nothing to compute
+            if self._at_limit(seq):  # nothing to compute (overlap: its token in flight is its last one)
                 i += 1
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -105,7 +105,9 @@ class Scheduler:
             seq.request.num_cached_tokens = cached
 
     def _at_limit(self, seq: Sequence) -> bool:
-        return seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.max_model_len
+        # max_tokens 0 (prompt scoring): the prompt is computed, then the engine finishes the sequence.
+        return (seq.num_computed_tokens >= seq.num_tokens or seq.num_tokens >= self.max_model_len
+                or seq.num_output_tokens >= max(seq.request.max_tokens, 1))
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:

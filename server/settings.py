@@ -122,6 +122,7 @@ OPTIONS: tuple[Option, ...] = (
     _engine("async_scheduling", parse_bool, "Prepare step N+1 while step N runs (default: on for CUDA, off on CPU)."),
     _engine("attention_backend", str, "Attention implementation.", ATTENTION_BACKENDS),
     _engine("enable_prefix_caching", parse_bool, "Reuse KV blocks of identical prompt prefixes."),
+    _engine("max_logprobs", int, "Most alternatives a request's logprobs or prompt_logprobs may ask for."),
     _engine("seed", int, "Seed of the engine's random generator (unseeded requests)."),
     _engine("tensor_parallel_size", _positive_int, "Ranks the model is split over (torch.distributed: NCCL on "
             "CUDA, one GPU per rank; gloo on CPU)."),
