@@ -43,12 +43,23 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptTokenLogprob(BaseModel):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: null for the first prompt token, then {token id: ...} per token
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None   # only when the request asked for prompt_logprobs
 
 
 class CompletionResponse(BaseModel):
@@ -110,6 +121,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None   # only when the request asked for prompt_logprobs
 
 
 class ModelCard(BaseModel):

@@ -13,7 +13,7 @@ from server.chat_plan import plan_chat
 from server.context import ServingContext, get_context, respond, response_id
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
-from server.logprobs import chat_logprobs
+from server.logprobs import chat_logprobs, prompt_logprobs_list
 from server.protocol import ChatCompletionRequest, usage_dict
 from server.sse import ChunkFormat
 from server.stream_response import ChoiceEvents
@@ -30,7 +30,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     body.validate_request()
     plan = plan_chat(body, ctx.tokenizer, ctx.options)
     params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
-                                  plan.constraint)
+                                  plan.constraint, prompt_logprobs=body.prompt_logprobs)
     view = _ChatView(ctx, body, response_id("chatcmpl"), plan.output)
     stream = ctx.start(view.id, [plan.prompt], params, arrival)
     return await respond(raw_request, stream, view, body.stream)
@@ -56,9 +56,13 @@ class _ChatView:
             message, finish_reason = self.output.message(c.text, c.finish_reason)
             choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(c.token_ids, c.logprobs),
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
-        return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.ctx.served_model_name, "choices": choices,
-                "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
+        response = {"id": self.id, "object": "chat.completion", "created": self.created,
+                    "model": self.ctx.served_model_name, "choices": choices,
+                    "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
+        if self.body.prompt_logprobs is not None:     # vLLM's: the rendered prompt's tokens, scored
+            response["prompt_logprobs"] = prompt_logprobs_list(
+                self.ctx.token_text, stream.requests[0].prompt_logprobs or [], self.body.prompt_logprobs)
+        return response
 
     def events(self, stream: GenerationStream) -> ChoiceEvents:
         self.fmt = fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name,

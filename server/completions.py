@@ -9,11 +9,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from transformers import PreTrainedTokenizerBase
 
+from engine.output_processor import RequestProcessor
 from server.api_schema import CompletionResponse, generation_responses
 from server.context import ServingContext, get_context, respond, response_id
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
-from server.logprobs import OffsetCounter, completion_logprobs
+from server.logprobs import OffsetCounter, completion_logprobs, prompt_logprobs_list
 from server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, usage_dict
 from server.sse import ChunkFormat
 from server.stream_response import ChoiceEvents
@@ -45,7 +46,8 @@ async def create_completion(body: CompletionRequest, raw_request: Request) -> Re
     ctx.check_model(body.model)
     body.validate_request()
     prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
-    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint())
+    params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint(),
+                                  prompt_logprobs=body.engine_prompt_logprobs)
     request_id = response_id("cmpl")
     view = _CompletionView(ctx, body, request_id, prompts, texts)
     stream = ctx.start(request_id, prompts, params, arrival)
@@ -72,12 +74,18 @@ class _CompletionView:
                 for t, ids in zip(self.texts, self.prompts)]
 
     def _logprobs(self, index: int, token_ids: list[int], logprobs: list | None,
-                  with_prompt: bool) -> dict[str, Any] | None:
+                  prompt: RequestProcessor | None) -> dict[str, Any] | None:
+        """prompt: the choice's engine request when its echoed prompt comes first (scored by the engine but
+        for its first token)."""
         if self.body.logprobs is None:
             return None
-        prompt_ids = self.prompts[index // self.body.n] if with_prompt else []
-        return completion_logprobs(self.ctx.token_text, self.offsets[index], prompt_ids + token_ids,
-                                   logprobs or [], self.body.logprobs, num_unscored=len(prompt_ids))
+        if prompt is None:
+            return completion_logprobs(self.ctx.token_text, self.offsets[index], token_ids, logprobs or [],
+                                       self.body.logprobs)
+        scored = prompt.prompt_logprobs or []
+        return completion_logprobs(self.ctx.token_text, self.offsets[index], prompt.prompt_token_ids + token_ids,
+                                   scored + (logprobs or []), self.body.logprobs,
+                                   num_unscored=len(prompt.prompt_token_ids) - len(scored))
 
     def _choice(self, index: int, text: str, logprobs: dict | None, finish: str | None,
                 stop_reason: int | str | None) -> dict[str, Any]:
@@ -89,31 +97,45 @@ class _CompletionView:
     def response(self, stream: GenerationStream) -> dict[str, Any]:
         choices = []
         for c in stream.choices:
+            request = stream.requests[c.index // self.body.n]
             prefix = self.echo_texts[c.index // self.body.n] if self.echo_texts else ""
-            logprobs = self._logprobs(c.index, c.token_ids, c.logprobs, with_prompt=self.body.echo)
-            choices.append(self._choice(c.index, prefix + c.text, logprobs, c.finish_reason, c.stop_reason))
+            logprobs = self._logprobs(c.index, c.token_ids, c.logprobs, request if self.body.echo else None)
+            choice = self._choice(c.index, prefix + c.text, logprobs, c.finish_reason, c.stop_reason)
+            if self.body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_list(
+                    self.ctx.token_text, request.prompt_logprobs or [], self.body.prompt_logprobs)
+            choices.append(choice)
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.ctx.served_model_name, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
     def events(self, stream: GenerationStream) -> ChoiceEvents:
-        self.fmt = fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name,
-                                     text_choice=b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}')
-        echo = b"".join(fmt.event(self._choice(i, self.echo_texts[i // self.body.n],
-                                              self._logprobs(i, [], [], with_prompt=True), None, None))
-                       for i in range(len(stream.choices))) if self.echo_texts else b""
-        return ChoiceEvents(self._delta_event, fmt if self.body.include_usage else None, first=echo)
+        self.stream = stream
+        self.fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name,
+                               text_choice=b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}')
+        # An echoed prompt goes out in front of its choice's first update, which brings its prompt logprobs.
+        self.unechoed = set(range(len(stream.choices))) if self.echo_texts else set()
+        return ChoiceEvents(self._delta_event, self.fmt if self.body.include_usage else None)
 
     def _delta_event(self, d: ChoiceDelta) -> bytes:
+        echo = self._echo_event(d.index) if self.unechoed else b""
         if d.finish_reason is None and self.body.logprobs is None:   # most chunks: text only
-            return self.fmt.text_event(d.index, d.text) if d.text else b""
+            return echo + self.fmt.text_event(d.index, d.text) if d.text else echo
         choice = self._delta_choice(d)
-        return b"" if choice is None else self.fmt.event(choice)
+        return echo if choice is None else echo + self.fmt.event(choice)
+
+    def _echo_event(self, index: int) -> bytes:
+        if index not in self.unechoed:
+            return b""
+        self.unechoed.discard(index)
+        prompt = index // self.body.n
+        logprobs = self._logprobs(index, [], [], self.stream.requests[prompt])
+        return self.fmt.event(self._choice(index, self.echo_texts[prompt], logprobs, None, None))
 
     def _delta_choice(self, d: ChoiceDelta) -> dict[str, Any] | None:
         # Tokens whose text is still held back (a partial character, a possible stop string) make no
         # chunk, unless they carry logprobs.
         if not (d.text or d.finish_reason or (d.token_ids and self.body.logprobs is not None)):
             return None
-        logprobs = self._logprobs(d.index, d.token_ids, d.logprobs, with_prompt=False) if d.token_ids else None
+        logprobs = self._logprobs(d.index, d.token_ids, d.logprobs, None) if d.token_ids else None
         return self._choice(d.index, d.text, logprobs, d.finish_reason, d.stop_reason)

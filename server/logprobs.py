@@ -102,8 +102,8 @@ def _alternatives(text: TokenText, logprobs: list[TokenLogprob], k: int) -> list
 
 def completion_logprobs(text: TokenText, offsets: OffsetCounter, token_ids: list[int],
                         logprobs: list[TokenLogprob], k: int, num_unscored: int = 0) -> dict[str, Any]:
-    """Completions format. The first `num_unscored` tokens are echoed prompt tokens: listed, with null
-    logprobs (the engine scores generated tokens only)."""
+    """Completions format. The first `num_unscored` tokens are listed with null logprobs (an echoed prompt's
+    first token: nothing comes before it to score it)."""
     pieces = text.pieces(token_ids)
     token_logprobs: list[float | None] = [None] * num_unscored
     top_logprobs: list[dict[str, float] | None] = [None] * num_unscored
@@ -123,3 +123,16 @@ def chat_logprobs(text: TokenText, token_ids: list[int], logprobs: list[TokenLog
          "top_logprobs": [{"token": s, "logprob": v, "bytes": list(b)} for s, b, v in top]}
         for (string, raw), lp, top in zip(text.pieces(token_ids), logprobs, _alternatives(text, logprobs, k))]
     return {"content": content, "refusal": None}
+
+
+def prompt_logprobs_list(text: TokenText, logprobs: list[TokenLogprob], k: int) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then per token {token id: {logprob, rank,
+    decoded_token}} for the token itself and its k best alternatives."""
+    out: list[dict[str, Any] | None] = [None]
+    alternatives = _alternatives(text, logprobs, k)
+    for (string, _), lp, top in zip(text.pieces([lp.token_id for lp in logprobs]), logprobs, alternatives):
+        entry = {str(tok): {"logprob": value, "rank": rank, "decoded_token": s}
+                 for rank, ((tok, _), (s, _, value)) in enumerate(zip(lp.top, top), start=1)}
+        entry[str(lp.token_id)] = {"logprob": clamp(lp.logprob), "rank": lp.rank, "decoded_token": string}
+        out.append(entry)
+    return out

@@ -86,6 +86,7 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: StrictBool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
+    prompt_logprobs: StrictInt | None = _doc(None, minimum=0)   # vLLM's: log-probabilities of the prompt tokens
 
     @property
     def include_usage(self) -> bool:
@@ -94,6 +95,8 @@ class SamplingRequest(OpenAIModel):
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options may only be set when stream is true.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available when stream is true; send stream: false.")
 
     def constraint(self, **more: StructuredOutputs | None) -> StructuredOutputs | None:
         """The one output constraint of this request, if any (two at once are refused)."""
@@ -101,7 +104,8 @@ class SamplingRequest(OpenAIModel):
                                  structured_outputs=structured_outputs_constraint(self.structured_outputs), **more)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, model_defaults: dict[str, Any],
-                        structured_outputs: StructuredOutputs | None = None) -> SamplingParams:
+                        structured_outputs: StructuredOutputs | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for this request; fields the client left out come from the model's defaults."""
         chosen = {}
         for name, openai_default in _OPENAI_DEFAULTS.items():
@@ -111,7 +115,7 @@ class SamplingRequest(OpenAIModel):
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
-            logprobs=logprobs, logit_bias=_parse_logit_bias(self.logit_bias),
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=_parse_logit_bias(self.logit_bias),
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, structured_outputs=structured_outputs, **chosen)
 
@@ -126,7 +130,7 @@ def _parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 class CompletionRequest(SamplingRequest):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = _doc(16, minimum=1)
+    max_tokens: StrictInt | None = _doc(16, minimum=0)     # 0: with echo, score the prompt only
     echo: StrictBool = False
     logprobs: StrictInt | None = _doc(None, minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
     best_of: StrictInt | None = None
@@ -140,6 +144,18 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("best_of other than n is not supported; leave it out and use n.")
         if self.suffix:
             raise ValueError("suffix is not supported.")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1; 0 is only allowed with echo: true, which returns "
+                             "the prompt (scored with logprobs) without generating.")
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Alternatives the engine returns for prompt tokens: for prompt_logprobs, and for echo with logprobs
+        (the echoed tokens are scored too); echo with max_tokens 0 computes the prompt even unscored."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        if not asked and self.echo and self.max_tokens == 0:
+            asked = [0]
+        return max(asked) if asked else None
 
 
 class ContentPart(OpenAIModel):
@@ -199,9 +215,13 @@ class ChatCompletionRequest(SamplingRequest):
     functions: list[FunctionDefinition] | None = None     # deprecated spelling of tools
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: StrictBool = False
 
     def validate_request(self) -> None:
         self.check_stream_options()
+        if self.echo:
+            raise ValueError("echo is not supported for chat completions; use /v1/completions with echo: true "
+                             "(and prompt_logprobs here to score the prompt).")
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise ValueError("top_logprobs requires logprobs to be true.")

@@ -30,13 +30,12 @@ from server.sse import DONE, SSE_HEADERS, ChunkFormat, sse_event, wait_for_disco
 
 @dataclass
 class ChoiceEvents:
-    """How a stream's news becomes SSE events: `first` (echo chunks) at once, `with_first_update` (chat's
-    role chunks) in front of the first update, what `render` makes of each choice update (b"" for none),
+    """How a stream's news becomes SSE events: `with_first_update` (chat's role chunks) in front of the
+    first update, what `render` makes of each choice update (b"" for none),
     the usage chunk at the end when `usage` is given, then [DONE]. A failure after the stream started is
     reported in-band, as an error event."""
     render: Callable[[ChoiceDelta], bytes]
     usage: ChunkFormat | None = None
-    first: bytes = b""
     with_first_update: bytes = b""
 
 
@@ -79,8 +78,6 @@ class SSEResponse(Response):
         listener = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            if self._events.first:
-                await send({"type": "http.response.body", "body": self._events.first, "more_body": True})
             self._stream.push = self._news
             if self._stream.ready:          # news that came before the response started
                 self._news()

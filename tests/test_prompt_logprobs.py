@@ -47,9 +47,11 @@ def assert_no_leaks(llm: LLM) -> None:
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
 
-def test_prompt_logprobs_match_transformers_in_a_busy_chunked_batch(checkpoint):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_prompt_logprobs_match_transformers_in_a_busy_chunked_batch(checkpoint, overlap):
     prompts = random_prompts(1000, [2, 9, 23, 40], seed=11)
-    llm = llm_for(checkpoint, max_num_batched_tokens=7)     # every long prompt is cut into chunks
+    # every long prompt is cut into chunks; with overlap, step N + 1 is launched before step N resolves
+    llm = llm_for(checkpoint, max_num_batched_tokens=7, async_scheduling=overlap)
     params = [SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=K if i % 2 == 0 else None,
                              ignore_eos=True) for i in range(len(prompts))]
     outs = llm.generate(prompts, params)
@@ -78,9 +80,10 @@ def test_prefix_cache_warm_and_cold_give_the_same_prompt_logprobs(checkpoint):
     assert_no_leaks(llm)
 
 
-def test_max_tokens_zero_scores_the_prompt_only(checkpoint):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_max_tokens_zero_scores_the_prompt_only(checkpoint, overlap):
     prompts = random_prompts(1000, [17, 5], seed=13)
-    llm = llm_for(checkpoint, max_num_batched_tokens=6)
+    llm = llm_for(checkpoint, max_num_batched_tokens=6, async_scheduling=overlap)
     outs = llm.generate(prompts, SamplingParams(max_tokens=0, prompt_logprobs=0, n=2))
     for prompt, out in zip(prompts, outs):
         assert [(o.index, o.token_ids, o.text, o.finish_reason) for o in out.outputs] == [

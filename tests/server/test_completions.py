@@ -112,17 +112,19 @@ def test_logprobs(http: httpx.Client, tokenizer, k: int) -> None:
     assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
 
 
-def test_echo_with_logprobs_lists_prompt_tokens(http: httpx.Client, tokenizer) -> None:
-    # Not schema-checked: the echoed prompt tokens have null logprobs, as in OpenAI's and vLLM's answers,
-    # which the spec's `token_logprobs: number[]` does not allow for.
+def test_echo_with_logprobs_scores_prompt_tokens(http: httpx.Client, tokenizer) -> None:
+    # Not schema-checked: the first echoed token has null logprobs (nothing before it scores it), as in
+    # OpenAI's and vLLM's answers, which the spec's `token_logprobs: number[]` does not allow for.
     response = http.post("/v1/completions", json={**GREEDY, "prompt": PROMPT, "max_tokens": 3, "logprobs": 1,
                                                    "echo": True})
     choice = response.json()["choices"][0]
     lp = choice["logprobs"]
     num_prompt = len(tokenizer(PROMPT)["input_ids"])
     assert len(lp["tokens"]) == num_prompt + 3 and choice["text"].startswith(PROMPT)
-    assert lp["token_logprobs"][:num_prompt] == [None] * num_prompt and lp["top_logprobs"][0] is None
-    assert all(v is not None for v in lp["token_logprobs"][num_prompt:])
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v is not None and v <= 0.0 for v in lp["token_logprobs"][1:])
+    for tok, chosen, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert top[tok] == chosen and 1 <= len(top) <= 2
     check_offsets(choice["text"], lp, set(tokenizer.all_special_tokens))
 
 
