@@ -6,6 +6,7 @@ import importlib.metadata
 import pathlib
 import tomllib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +28,7 @@ from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.security import install_access_control
+from server.tool_prompt import detect_tool_support
 
 _SHOWN_TOKENS = 512          # of a prompt or output on the dashboard
 
@@ -59,12 +61,13 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     its `enabled` is False); vllm_metric_names: /metrics also under vLLM's names (vllm:*)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
-    chat_options = chat_options or ChatOptions()
-    if chat_options.enable_auto_tool_choice and chat_options.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json).")
     info = client.info
     name = served_model_name or info.model_name
     tokenizer = info.tokenizer.load()
+    chat_options = replace(chat_options or ChatOptions(), inject_tools=detect_tool_support(tokenizer))
+    if chat_options.enable_auto_tool_choice and chat_options.auto_tool_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json) for this "
+                         "model, whose chat template renders tools in its own format.")
     metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)

@@ -11,6 +11,7 @@ from server.chat_template import render_chat_text
 from server.protocol import ChatCompletionRequest
 from server.reasoning import THINK_END, reasoning_closed_in_prompt, starts_in_reasoning
 from server.structured_request import legacy_functions, tool_constraint
+from server.tool_prompt import INJECTED_TOOL_PARSER, with_tool_prompt
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class ChatOptions:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    inject_tools: bool = False      # the chat template drops tools: list them in a system message (tool_prompt)
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """How tool_choice "auto" output is read: the format pagedserve asked for when it listed the tools
+        itself, else --tool-call-parser's."""
+        return INJECTED_TOOL_PARSER if self.inject_tools else self.tool_call_parser
 
 
 @dataclass
@@ -33,11 +41,14 @@ def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions)
     if body.functions is not None or body.function_call is not None:
         tools, choice = legacy_functions(body.functions, body.function_call)
         tools = tools if tools is not None else body.tools
-    auto_ok = options.enable_auto_tool_choice and options.tool_call_parser is not None
+    auto_ok = options.enable_auto_tool_choice and options.auto_tool_parser is not None
     tool_so, mode = tool_constraint(tools, choice, body.parallel_tool_calls, auto_ok)
     constraint = body.constraint(tool_choice=tool_so)
     rendered = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    text = render_chat_text(tokenizer, body.messages, body.add_generation_prompt, rendered, body.chat_template_kwargs)
+    messages = body.messages
+    if options.inject_tools and rendered and mode.kind != "none":
+        messages, rendered = with_tool_prompt(messages, rendered), None
+    text = render_chat_text(tokenizer, messages, body.add_generation_prompt, rendered, body.chat_template_kwargs)
     in_reasoning = None
     if options.reasoning_parser is not None:
         in_reasoning = starts_in_reasoning(options.reasoning_parser, text)
@@ -45,4 +56,4 @@ def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions)
             # The model thinks first: the constraint starts after it wrote </think>.
             constraint = replace(constraint, enable_after=tokenizer.encode(THINK_END, add_special_tokens=False))
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ChatPlan(prompt, constraint, ChatOutputFormat(mode, options.tool_call_parser, in_reasoning))
+    return ChatPlan(prompt, constraint, ChatOutputFormat(mode, options.auto_tool_parser, in_reasoning))

@@ -149,8 +149,9 @@ def tool_constraint(tools: list[Tool] | None, choice: Any, parallel: bool, auto_
     if choice == "auto":
         if not auto_enabled:
             raise ValueError('tool_choice "auto" (the default when tools are given) needs the server started with '
-                             '--enable-auto-tool-choice --tool-call-parser {hermes,llama3_json}; or send '
-                             'tool_choice "required", "none" or a named function.')
+                             '--enable-auto-tool-choice (and --tool-call-parser {hermes,llama3_json} for a model '
+                             'whose chat template renders tools itself); or send tool_choice "required", "none" '
+                             'or a named function.')
         return None, ToolMode("auto")
     by_name = {t.function.name: t for t in tools}
     if choice == "required":

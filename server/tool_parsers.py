@@ -5,6 +5,8 @@ object alone), and the --tool-call-parser formats for tool_choice "auto": `herme
 (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, Qwen2.5 / Qwen3 / Hermes) and `llama3_json`
 (`{"name": ..., "parameters": {...}}`, several joined by `;`, optionally after `<|python_tag|>`).
 Streamed, the first delta of a call carries its id, type and whole name; later ones argument fragments.
+A call's arguments are the JSON text the model wrote, from its first to its last bracket, in both forms, so
+the fragments of a stream join into exactly the `arguments` of the whole answer.
 """
 from __future__ import annotations
 
@@ -45,14 +47,14 @@ def extract_tool_calls(kind: str, text: str, name: str | None = None,
                        parser: str | None = None) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole output; text that holds no well-formed call stays content."""
     if kind == "named":
-        return None, [ToolCall(name, text)]
+        return None, [ToolCall(name, text.lstrip())]
     if kind == "required":
         try:
             items = json.loads(text)
         except json.JSONDecodeError:
             return text, []        # cut short (finish_reason "length"): no call to report
         calls = [c for c in map(_call_from_object, items if isinstance(items, list) else []) if c]
-        return (None, calls) if calls else (text, [])
+        return (None, _as_written(calls, [text])) if calls else (text, [])
     if kind != "auto":
         return text, []
     if parser == "hermes":
@@ -60,9 +62,26 @@ def extract_tool_calls(kind: str, text: str, name: str | None = None,
     return _extract_llama3_json(text)
 
 
+def _as_written(calls: list[ToolCall], texts: list[str]) -> list[ToolCall]:
+    """The calls with their arguments as the model wrote them in `texts` (what a stream sends), rather than
+    re-serialized; unchanged when the texts do not hold exactly these calls' bracketed arguments."""
+    written = []
+    for text in texts:
+        scanner = _CallScanner()
+        scanner.feed(text)
+        if scanner.args_from >= 0:
+            return calls
+        written += [c.arguments for c in scanner.calls]
+    if len(written) == len(calls):
+        for call, arguments in zip(calls, written):
+            call.arguments = arguments
+    return calls
+
+
 def _extract_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
-    for body in _HERMES_CALL.findall(text):
+    bodies = _HERMES_CALL.findall(text)
+    for body in bodies:
         try:
             call = _call_from_object(json.loads(body))
         except json.JSONDecodeError:
@@ -73,7 +92,7 @@ def _extract_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     if not calls:
         return text, []
     content = text[:text.find(_HERMES_START)].strip()
-    return content or None, calls
+    return content or None, _as_written(calls, bodies)
 
 
 def _extract_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
@@ -95,7 +114,7 @@ def _extract_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
         pos = end
         while pos < len(body) and body[pos] in " \t\n;":
             pos += 1
-    return None, calls
+    return None, _as_written(calls, [body])
 
 
 class _CallScanner:
@@ -123,6 +142,14 @@ class _CallScanner:
                 self.depth, self.in_string, self.escaped = 0, False, False
                 deltas.append({"index": len(self.calls) - 1, "id": call.id, "type": "function",
                                "function": {"name": call.name, "arguments": ""}})
+            if self.emitted == self.args_from:
+                # The arguments start at their first bracket: whitespace before it (the head may have come
+                # in a chunk of its own) is not part of them.
+                while self.pos < len(self.text) and self.text[self.pos].isspace():
+                    self.pos += 1
+                self.args_from = self.emitted = self.pos
+                if self.pos == len(self.text):
+                    return deltas
             end = self._scan_arguments()
             stop = end if end >= 0 else len(self.text)
             if stop > self.emitted:
@@ -188,6 +215,9 @@ class ToolCallStream:
 
     def _feed_named(self, text: str) -> list[dict[str, Any]]:
         if self.named is None:
+            text = text.lstrip()      # as extract_tool_calls does: the arguments start at their bracket
+            if not text:
+                return []
             self.named = ToolCall(self.name, text)
             return [{"index": 0, "id": self.named.id, "type": "function",
                      "function": {"name": self.name, "arguments": text}}]
