@@ -150,6 +150,21 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class TokenizerInfoResponse(BaseModel):
+    """vLLM's GET /tokenizer_info: what a client needs to tokenize as the server does (lm-eval's remote
+    tokenizer reads it, then sends text to /tokenize and /detokenize)."""
+    tokenizer_class: str
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+    unk_token: str | None
+    chat_template: str | None
+    model_max_length: int              # the server's --max-model-len
+    vocab_size: int
+    add_bos_token: bool | None = None
+    added_tokens: dict[str, str]       # special and added token ids -> their text
+
+
 class VersionResponse(BaseModel):
     version: str
 

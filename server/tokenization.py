@@ -1,11 +1,11 @@
-"""POST /tokenize and POST /detokenize (vLLM's utility endpoints)."""
+"""POST /tokenize, POST /detokenize and GET /tokenizer_info (vLLM's utility endpoints)."""
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.api_schema import DetokenizeResponse, TokenizeResponse, errors
+from server.api_schema import DetokenizeResponse, TokenizeResponse, TokenizerInfoResponse, errors
 from server.chat_template import render_chat
 from server.context import get_context
 from server.limits import StrictJSONRoute
@@ -37,3 +37,16 @@ async def detokenize(body: DetokenizeRequest, raw_request: Request) -> dict[str,
     if bad is not None:
         raise ValueError(f"token id {bad} is out of vocabulary (valid ids are 0..{vocab_size - 1}).")
     return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+
+@router.get("/tokenizer_info", response_model=TokenizerInfoResponse)
+async def tokenizer_info(raw_request: Request) -> dict[str, Any]:
+    ctx = get_context(raw_request)
+    tok = ctx.tokenizer
+    return {
+        "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+        "pad_token": tok.pad_token, "unk_token": tok.unk_token, "chat_template": tok.chat_template,
+        "model_max_length": ctx.max_model_len, "vocab_size": ctx.info.vocab_size,
+        "add_bos_token": getattr(tok, "add_bos_token", None),
+        "added_tokens": {str(i): t.content for i, t in sorted(tok.added_tokens_decoder.items())},
+    }
