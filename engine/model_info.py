@@ -63,17 +63,18 @@ class ModelInfo(msgspec.Struct, frozen=True):
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty; give at least one token.")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
-        params.check_vocab(self.vocab_size)
-        if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
-            check_structured(params.structured_outputs)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         if n + max_tokens > self.max_model_len or max_tokens < 1:
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
                 f"Please reduce the prompt or max_tokens.")
+        # After the length check: a prompt of millions of ids is refused without scanning them.
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
+        params.check_vocab(self.vocab_size)
+        if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
+            check_structured(params.structured_outputs)
         self.check_kv_fit(n, max_tokens, params.n)
 
     def check_kv_fit(self, num_prompt_tokens: int, max_tokens: int, n: int) -> None:

@@ -2,6 +2,7 @@
 rendered by the template), its output constraint, and how its output is read back (ChatOutputFormat)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +29,10 @@ class ChatPlan:
     output: ChatOutputFormat
 
 
-def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions) -> ChatPlan:
+def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions,
+              check_prompt: Callable[[str, str], None] | None = None) -> ChatPlan:
+    """check_prompt(text, field) may refuse the rendered prompt before it is tokenized (a text too long for
+    the context); the server runs this in its tokenizer thread when the request is big."""
     tools, choice = body.tools, body.tool_choice
     if body.functions is not None or body.function_call is not None:
         tools, choice = legacy_functions(body.functions, body.function_call)
@@ -38,6 +42,8 @@ def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions)
     constraint = body.constraint(tool_choice=tool_so)
     rendered = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     text = render_chat_text(tokenizer, body.messages, body.add_generation_prompt, rendered, body.chat_template_kwargs)
+    if check_prompt is not None:
+        check_prompt(text, "messages")
     in_reasoning = None
     if options.reasoning_parser is not None:
         in_reasoning = starts_in_reasoning(options.reasoning_parser, text)
