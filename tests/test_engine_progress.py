@@ -136,3 +136,29 @@ def test_a_stall_is_logged_with_the_scheduler_state(llama, caplog):
     for _ in range(20):
         engine.step()
     assert not engine.has_unfinished_requests() and engine.scheduler.num_idle_steps == 0
+
+
+def test_prompt_chunks_count_as_progress_for_the_stall_watchdog(llama):
+    """The engine loop delivers a step that only computed a prompt chunk (no token for anyone yet), so a long
+    chunked prefill never looks like a stalled engine to --engine-stall-timeout."""
+    import threading
+
+    from engine.loop import EngineLoop
+
+    llm = LLM(model=str(llama), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=8)
+    delivered, done = [], threading.Event()
+
+    def deliver(deltas, stats) -> None:
+        delivered.append((deltas, stats))
+        if any(d.finished for d in deltas):
+            done.set()
+
+    loop = EngineLoop(llm.engine, deliver)
+    loop.start()
+    try:
+        loop.add_request("r", list(range(3, 43)), SamplingParams(max_tokens=2, ignore_eos=True))
+        assert done.wait(timeout=120)
+    finally:
+        loop.shutdown(timeout=10)
+    chunks = [stats.step.num_prefill_tokens for deltas, stats in delivered if not deltas and stats.step is not None]
+    assert chunks == [8, 8, 8, 8]           # 40 prompt tokens in chunks of 8: four steps with no token, then one
