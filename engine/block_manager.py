@@ -9,11 +9,18 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.request import Sequence
 
 NULL_BLOCK = 0
+
+
+@dataclass
+class PrefixHit:
+    """Cached blocks found for a sequence's leading full blocks (not yet taken)."""
+    block_ids: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -135,16 +142,16 @@ class BlockManager:
         # A cryptographic hash: crafted prompts must not collide with another user's prefix.
         return hashlib.blake2b((prev or b"") + array("q", tokens).tobytes(), digest_size=16).digest()
 
-    def match_prefix(self, seq: Sequence) -> int:
-        """Take cached blocks for seq's leading full blocks; returns the number of tokens reused.
+    def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
+        """The cached blocks that hold seq's leading full blocks, verified against their tokens. Nothing is
+        taken: `admit` takes them together with the rest, or not at all.
 
         The last token is always recomputed (its logits are needed), so only blocks that end before it count,
         and none past the tokens the sequence lets it reuse (those whose prompt logprobs are wanted).
         """
-        assert not seq.block_table and seq.num_computed_tokens == 0
-        self.prefix_queries += seq.num_tokens
+        hit = PrefixHit()
         if not self.enable_prefix_caching:
-            return 0
+            return hit
         bs, prev = self.block_size, None
         for i in range(min(seq.num_tokens - 1, seq.num_reusable_tokens) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
@@ -152,14 +159,38 @@ class BlockManager:
             block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
-            self._ref(block_id)
-            seq.block_table.append(block_id)
-            seq.block_hashes.append(h)
+            hit.block_ids.append(block_id)
+            hit.hashes.append(h)
             prev = h
-        seq.num_hashed_blocks = len(seq.block_table)
-        seq.num_computed_tokens = len(seq.block_table) * bs
-        self.prefix_hits += seq.num_computed_tokens
-        return seq.num_computed_tokens
+        return hit
+
+    def admit(self, seq: Sequence, hit: PrefixHit, num_new_tokens: int) -> bool:
+        """Give a waiting seq (which holds no block) the hit's cached blocks and slots for its next
+        num_new_tokens tokens after them: all of it, or nothing (False, no change).
+
+        A waiting sequence never holds blocks, so whatever is not running can always be evicted: this is
+        what keeps the scheduler live (a sequence that fits the cache alone always gets in eventually).
+        Hit blocks that sit in the free list (cached, unreferenced) stop being free once taken, so they
+        count against the free blocks like new ones.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0, "a waiting sequence holds no blocks"
+        bs = self.block_size
+        hit_tokens = len(hit.block_ids) * bs
+        total = -(-(hit_tokens + num_new_tokens) // bs)
+        idle_hits = sum(self.blocks[b].ref_count == 0 for b in hit.block_ids)
+        if total - len(hit.block_ids) + idle_hits > self.num_free_blocks:
+            return False
+        for block_id in hit.block_ids:
+            self._ref(block_id)
+        seq.block_table = list(hit.block_ids)
+        seq.block_hashes = list(hit.hashes)
+        seq.num_hashed_blocks = len(hit.block_ids)
+        seq.num_computed_tokens = hit_tokens
+        while len(seq.block_table) < total:
+            seq.block_table.append(self._take_free())
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += hit_tokens
+        return True
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a step: publish the blocks that its computed tokens have filled."""

@@ -261,15 +261,14 @@ class LLMEngine:
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
-        parent.needs_fork = False
+        """The request's other samples, each sampled from the prompt's logits of this step; the scheduler
+        runs them as sequences of their own (scheduler.fork)."""
         children = []
         for index in range(1, parent.params.n):
             child = self._new_seq(parent.request, index, list(parent.token_ids))
             child.matcher = parent.matcher.fork() if parent.matcher is not None else None
-            self.block_manager.fork(parent, child)
-            child.status = SeqStatus.RUNNING
-            self.scheduler.running.append(child)
             children.append(child)
+        self.scheduler.fork(parent, children)
         return children
 
     def _resolve(self, launched: LaunchedStep) -> list[RequestDelta]:

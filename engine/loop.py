@@ -69,10 +69,13 @@ class EngineLoop:
                 if commands is None:
                     return
                 deltas = self._apply(commands)
-                if self.engine.has_unfinished_requests():
+                stepped = self.engine.has_unfinished_requests()
+                if stepped:
                     deltas.extend(self.engine.step())
                 if deltas or commands:
                     self.deliver(deltas, self.engine.stats())
+                elif stepped:
+                    self._report_work()
         except BaseException as e:  # the engine is unusable: fail everyone, let the server report it
             log.exception("engine thread died")
             self.error = e
@@ -83,6 +86,15 @@ class EngineLoop:
                     self.on_death(e)
             except BaseException:
                 log.exception("could not report the engine failure")
+
+    def _report_work(self) -> None:
+        """A step with no news for any request (a prompt chunk) still counts as progress for the front
+        end's --engine-stall-timeout: it is delivered when it computed something. A step that computed
+        nothing (waiting on a grammar) sends nothing, so a stuck engine stays visible."""
+        stats = self.engine.stats()
+        step = stats.step
+        if step is not None and (step.num_prefill_tokens or step.num_decode_seqs):
+            self.deliver([], stats)
 
     def _drain(self, block: bool) -> list | None:
         commands = []

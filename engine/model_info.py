@@ -59,15 +59,18 @@ class ModelInfo(msgspec.Struct, frozen=True):
     memory_bandwidth: float | None = None   # bytes/s of device memory; None on a CPU
     max_logprobs: int = 20             # --max-logprobs
 
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return (self.num_kv_blocks - 1) * self.block_size
-
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError (HTTP 400) for a request that can never run."""
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("the prompt is empty; give at least one token.")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len or max_tokens < (0 if params.prompt_logprobs is not None else 1):
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
+                f"Please reduce the prompt or max_tokens.")
+        # After the length check: a prompt of millions of ids is refused without scanning them.
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size - 1}].")
         params.check_vocab(self.vocab_size)
@@ -78,13 +81,17 @@ class ModelInfo(msgspec.Struct, frozen=True):
                                  f"({self.max_logprobs}).")
         if params.structured_outputs is not None:     # a schema, regex or grammar that does not parse
             check_structured(params.structured_outputs)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len or max_tokens < (0 if params.prompt_logprobs is not None else 1):
+        self.check_kv_fit(n, max_tokens, params.n)
+
+    def check_kv_fit(self, num_prompt_tokens: int, max_tokens: int, n: int) -> None:
+        """The prompt and every sample's max_tokens, in blocks, must fit the whole KV cache. A request
+        beyond it could never run even alone; one within it always runs eventually (the scheduler is live)."""
+        tokens = num_prompt_tokens + n * max_tokens
+        blocks = -(-tokens // self.block_size)
+        usable = self.num_kv_blocks - 1
+        if blocks > usable:
+            samples = f" + n x max_tokens = {n} x {max_tokens}" if n > 1 else f" + max_tokens {max_tokens}"
             raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "
-                f"Please reduce the prompt or max_tokens.")
-        blocks = -(-(n + max_tokens) // self.block_size)
-        if blocks > self.num_kv_blocks - 1:
-            raise ValueError(f"the request needs {blocks} KV blocks but the cache holds only "
-                             f"{self.num_kv_blocks - 1}; shorten the prompt or max_tokens.")
+                f"the request needs {blocks} KV blocks of {self.block_size} tokens (prompt {num_prompt_tokens}"
+                f"{samples} = {tokens} tokens) but the KV cache holds only {usable} blocks "
+                f"({usable * self.block_size} tokens); shorten the prompt, or lower max_tokens or n.")

@@ -8,11 +8,14 @@ later from its tokens (prefix caching makes that cheap).
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.request import SeqStatus, Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +40,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    # Consecutive steps that schedule nothing while a request could be admitted: a liveness bug, logged loudly.
+    STALL_STEPS = 100
+
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int = 1 << 31) -> None:
         self.bm = block_manager
@@ -47,13 +53,49 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.preempted: list[str] = []     # request ids preempted since the engine last drained them
+        self.num_idle_steps = 0            # consecutive steps without progress while a sequence could start
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """The other samples of an n > 1 request, forked once its first sequence's prompt is prefilled.
+
+        From then on each is a sequence of its own. Those that fit the sequence budget run at once, sharing
+        the parent's blocks; the others wait at the head of the queue holding no block, and are computed
+        again when they get in, like preempted ones (prefix caching finds the prompt's full blocks). So n is
+        never bounded by max_num_seqs, and a request's samples never hold back the queue as one block.
+        """
+        parent.needs_fork = False
+        later = []
+        for child in children:
+            if len(self.running) < self.max_num_seqs:
+                self.bm.fork(parent, child)
+                child.status = SeqStatus.RUNNING
+                self.running.append(child)
+            else:
+                later.append(child)
+        self.waiting.extendleft(reversed(later))
+
     def schedule(self) -> SchedulerOutput:
+        """Running sequences first (oldest first), then waiting ones FIFO while budgets and blocks last.
+
+        Liveness: a waiting sequence holds no block, and the oldest running one is never preempted for a
+        younger one; so the oldest moves every step and, alone, always fits (the door refuses a request
+        that could not). A step that had to preempt admits nobody (vLLM does the same): the blocks it freed
+        are for the running sequences, and admitting would only preempt again.
+        """
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        budget, preempted = self._schedule_running(out)
+        if not preempted:
+            self._admit_waiting(out, budget)
+        out.block_copies = self.bm.pending_copies
+        self.bm.pending_copies = []
+        self._watch_progress(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:
+        budget, preempted = self.max_num_batched_tokens, False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -62,47 +104,64 @@ class Scheduler:
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.bm.allocate(seq, num_new):
-                victim = self.running.pop()
+                victim = self.running.pop()     # the most recently admitted
                 self._preempt(victim)
+                preempted = True
                 if victim is seq:
                     break
             else:
                 out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
                 budget -= num_new
                 i += 1
-        num_seqs = sum(s.params.n if s.needs_fork else 1 for s in self.running)
-        compiling: list[Sequence] = []   # their grammar is not ready: they keep their place, others go by
-        while self.waiting and budget > 0:
+        return budget, preempted
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        # Set aside, keeping their place: a grammar still compiling, or a last token still being sampled
+        # (overlap: the step that samples it finishes the sequence).
+        set_aside: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.request.grammar is not None:
-                compiling.append(self.waiting.popleft())
+            if not self._admissible(seq):
+                set_aside.append(self.waiting.popleft())
                 continue
-            width = seq.params.n if seq.needs_fork else 1
-            if num_seqs + width > self.max_num_seqs:
+            hit = self.bm.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - len(hit.block_ids) * self.bm.block_size, budget)
+            if not self.bm.admit(seq, hit, num_new):
                 break
-            if seq.num_computed_tokens == 0 and not seq.block_table:
-                self._on_first_schedule(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.bm.allocate(seq, num_new):
-                if not self.running:  # nothing will ever free a block: keep it waiting but drop hits
-                    self.bm.free_seq(seq)
-                    seq.num_computed_tokens = 0
-                break
+            if seq.index == 0 and seq.request.num_cached_tokens == 0:
+                seq.request.num_cached_tokens = seq.num_computed_tokens
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
             budget -= num_new
-            num_seqs += width
-        self.waiting.extendleft(reversed(compiling))
-        out.block_copies = self.bm.pending_copies
-        self.bm.pending_copies = []
-        return out
+        self.waiting.extendleft(reversed(set_aside))
 
-    def _on_first_schedule(self, seq: Sequence) -> None:
-        cached = self.bm.match_prefix(seq)
-        if seq.index == 0 and seq.request.num_cached_tokens == 0:
-            seq.request.num_cached_tokens = cached
+    def _admissible(self, seq: Sequence) -> bool:
+        return seq.request.grammar is None and not self._at_limit(seq)
+
+    def _watch_progress(self, out: SchedulerOutput) -> None:
+        """Counts steps that move nothing while a waiting sequence could start, and logs the state once such
+        a stall has lasted STALL_STEPS steps: every step must finish work or move a request forward."""
+        if out.scheduled or not any(self._admissible(s) for s in self.waiting):
+            self.num_idle_steps = 0
+            return
+        self.num_idle_steps += 1
+        if self.num_idle_steps == self.STALL_STEPS:
+            log.error("the scheduler made no progress for %d steps while requests wait (a bug): %s",
+                      self.num_idle_steps, self.describe())
+
+    def describe(self) -> str:
+        """The scheduler's state in one line, for a stall report."""
+        bm, head = self.bm, self.waiting[0] if self.waiting else None
+        head_s = "none" if head is None else (
+            f"request {head.request.request_id} sample {head.index}: {head.num_tokens} tokens, "
+            f"{head.num_computed_tokens} computed, {len(head.block_table)} blocks held")
+        held = sum(len(s.block_table) for s in self.waiting)
+        return (f"{len(self.running)} running, {len(self.waiting)} waiting (holding {held} blocks), "
+                f"{bm.num_free_blocks}/{bm.num_usable_blocks} blocks free ({bm.num_cached_free} cached), "
+                f"budget {self.max_num_batched_tokens} tokens and {self.max_num_seqs} sequences; "
+                f"head of the queue: {head_s}")
 
     def _at_limit(self, seq: Sequence) -> bool:
         # max_tokens 0 (prompt scoring): the prompt is computed, then the engine finishes the sequence.

@@ -1,8 +1,8 @@
 """What the server lets in: a bounded waiting queue (HTTP 429 beyond it) and per-request budgets (HTTP 400).
 
-SamplingParams already bounds each field (n, logprobs, stop strings, logit_bias) and the engine checks that
-one sequence fits the context and the KV cache. What is left is what only the whole request shows: how many
-choices it fans out to, and how many tokens its n samples may hold at once.
+SamplingParams already bounds each field (n, logprobs, stop strings, logit_bias) and ModelInfo.check_request
+that each prompt with its n samples fits the context and the KV cache. What is left is what only the whole
+request shows: how many choices it fans out to.
 """
 from __future__ import annotations
 
@@ -47,18 +47,10 @@ def default_queue_len(max_num_seqs: int) -> int:
     return DEFAULT_QUEUE_FACTOR * max_num_seqs
 
 
-def check_budget(params: SamplingParams, prompt_lens: list[int], max_model_len: int,
-                 kv_capacity_tokens: int | None) -> None:
-    """ValueError (HTTP 400) for a request whose fan-out or total length no retry can make fit."""
-    choices = len(prompt_lens) * params.n
+def check_budget(params: SamplingParams, num_prompts: int) -> None:
+    """ValueError (HTTP 400) for a request that fans out to more choices than the server answers at once.
+    (Whether its n samples fit the KV cache is ModelInfo.check_request's, per prompt.)"""
+    choices = num_prompts * params.n
     if choices > MAX_CHOICES:
         raise ValueError(f"A request may ask for at most {MAX_CHOICES} choices (prompts x n); this one asks for "
-                         f"{len(prompt_lens)} x {params.n} = {choices}.")
-    if kv_capacity_tokens is None or params.n == 1:
-        return
-    # The n samples of one prompt run side by side: together they must fit in the KV cache.
-    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - min(prompt_lens)
-    if params.n * max_tokens > kv_capacity_tokens:
-        what = "max_tokens" if params.max_tokens is not None else "max_tokens (unset: the context left)"
-        raise ValueError(f"n x {what} = {params.n} x {max_tokens} = {params.n * max_tokens} tokens exceeds the "
-                         f"{kv_capacity_tokens} tokens this server's KV cache holds; lower n or max_tokens.")
+                         f"{num_prompts} x {params.n} = {choices}.")

@@ -28,6 +28,7 @@ from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.security import install_access_control
+from server.text_work import TextWork
 from server.tool_prompt import detect_tool_support
 
 _SHOWN_TOKENS = 512          # of a prompt or output on the dashboard
@@ -71,7 +72,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
-    ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
+    ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer),
+                         TextWork(tokenizer, info.max_model_len), options=chat_options)
     dashboard = dashboard or DashboardOptions()
     if dashboard.enabled:
         bridge.observer = StatsCollector(info, metrics, name, version(), dashboard, decode_text=_text_of(tokenizer))
@@ -82,6 +84,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         try:
             yield
         finally:
+            ctx.text.shutdown()
             await ctx.async_engine.shutdown()
 
     app = FastAPI(title="pagedserve", version=version(), lifespan=lifespan)

@@ -175,7 +175,7 @@ class AsyncEngine:
         info = self.info
         for prompt in prompts:
             info.check_request(prompt, params)
-        check_budget(params, [len(p) for p in prompts], info.max_model_len, info.kv_capacity_tokens)
+        check_budget(params, len(prompts))
         self.admission.admit(self.num_waiting, len(prompts))
         arrival = time.monotonic() if arrival_time is None else arrival_time
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]

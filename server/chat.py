@@ -28,7 +28,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw_request: Reque
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
     body.validate_request()
-    plan = plan_chat(body, ctx.tokenizer, ctx.options)
+    # Rendering and tokenizing a big conversation (measured by its body) runs off the event loop.
+    plan = await ctx.text.run(len(await raw_request.body()), plan_chat, body, ctx.tokenizer, ctx.options,
+                              ctx.text.check_prompt_chars)
     params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
                                   plan.constraint, prompt_logprobs=body.prompt_logprobs)
     view = _ChatView(ctx, body, response_id("chatcmpl"), plan.output)

@@ -2,6 +2,7 @@
 rendered by the template), its output constraint, and how its output is read back (ChatOutputFormat)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,10 @@ class ChatPlan:
     output: ChatOutputFormat
 
 
-def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions) -> ChatPlan:
+def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions,
+              check_prompt: Callable[[str, str], None] | None = None) -> ChatPlan:
+    """check_prompt(text, field) may refuse the rendered prompt before it is tokenized (a text too long for
+    the context); the server runs this in its tokenizer thread when the request is big."""
     tools, choice = body.tools, body.tool_choice
     if body.functions is not None or body.function_call is not None:
         tools, choice = legacy_functions(body.functions, body.function_call)
@@ -49,6 +53,8 @@ def plan_chat(body: ChatCompletionRequest, tokenizer: Any, options: ChatOptions)
     if options.inject_tools and rendered and mode.kind != "none":
         messages, rendered = with_tool_prompt(messages, rendered), None
     text = render_chat_text(tokenizer, messages, body.add_generation_prompt, rendered, body.chat_template_kwargs)
+    if check_prompt is not None:
+        check_prompt(text, "messages")
     in_reasoning = None
     if options.reasoning_parser is not None:
         in_reasoning = starts_in_reasoning(options.reasoning_parser, text)

@@ -18,12 +18,16 @@ from server.logprobs import OffsetCounter, completion_logprobs, prompt_logprobs_
 from server.protocol import MAX_BATCH_PROMPTS, CompletionRequest, usage_dict
 from server.sse import ChunkFormat
 from server.stream_response import ChoiceEvents
+from server.text_work import TextWork
 
 router = APIRouter(route_class=StrictJSONRoute)
 
 
-def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
-    """The four prompt forms -> token ids per prompt, and the prompt text where the client sent text."""
+async def tokenize_prompts(text: TextWork, tokenizer: PreTrainedTokenizerBase,
+                           prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+    """The four prompt forms -> token ids per prompt, and the prompt text where the client sent text.
+    A text too long for any tokenization to fit the context is refused before it is tokenized; long ones
+    are tokenized off the event loop."""
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not prompts:
         raise ValueError("prompt must not be empty.")
@@ -34,8 +38,15 @@ def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompt: str | list) -> 
     if isinstance(prompts[0], str):
         if not all(prompts):
             raise ValueError("prompt must not be empty.")
-        return tokenizer(prompts, add_special_tokens=True)["input_ids"], list(prompts)
+        for p in prompts:
+            text.check_prompt_chars(p, "prompt")
+        ids = await text.run(sum(map(len, prompts)), _encode, tokenizer, prompts)
+        return ids, list(prompts)
     return [list(p) for p in prompts], [None] * len(prompts)
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> list[list[int]]:
+    return tokenizer(prompts, add_special_tokens=True)["input_ids"]
 
 
 @router.post("/v1/completions", response_model=CompletionResponse,
@@ -45,7 +56,7 @@ async def create_completion(body: CompletionRequest, raw_request: Request) -> Re
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
     body.validate_request()
-    prompts, texts = tokenize_prompts(ctx.tokenizer, body.prompt)
+    prompts, texts = await tokenize_prompts(ctx.text, ctx.tokenizer, body.prompt)
     params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint(),
                                   prompt_logprobs=body.engine_prompt_logprobs)
     request_id = response_id("cmpl")

@@ -21,6 +21,7 @@ from server.logprobs import TokenText
 from server.metrics import ServerMetrics
 from server.sse import await_or_disconnect
 from server.stream_response import ChoiceEvents, SSEResponse, StepWriter
+from server.text_work import TextWork
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ServingContext:
     metrics: ServerMetrics
     served_model_name: str
     token_text: TokenText
+    text: TextWork                    # tokenizer work on inputs, off the event loop when it is big
     created: int = field(default_factory=lambda: int(time.time()))
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
     writer: StepWriter = field(default_factory=StepWriter)      # the streams' per-step rendering and writes

@@ -20,6 +20,9 @@ from engine.config import ATTENTION_BACKENDS, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
 from server.security import parse_allowed_hosts, parse_origins
 
+# A live engine that completes no step for this long while work waits is reported stuck (/health 503).
+DEFAULT_STALL_TIMEOUT_S = 300.0
+
 ENV_PREFIX = "PAGEDSERVE_"
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -139,8 +142,9 @@ OPTIONS: tuple[Option, ...] = (
            "that, new requests get HTTP 429 with Retry-After (default: 4 x --max-num-seqs)."),
     Option("request_timeout", _optional_positive_float, None, "Seconds a request may run; then it is aborted "
            "(HTTP 504, or a stream ends with finish_reason abort). Default: no limit."),
-    Option("engine_stall_timeout", _optional_positive_float, None, "Seconds the engine may go without completing a "
-           "step while requests are pending before /health answers 503 and it is logged as stuck. Default: no limit."),
+    Option("engine_stall_timeout", _optional_positive_float, DEFAULT_STALL_TIMEOUT_S, "Seconds the engine may go "
+           "without completing a step while requests are pending before /health answers 503 and it is logged as "
+           "stuck (SGLang's watchdog waits as long); none turns the check off."),
     Option("drain_timeout", _non_negative_float, 5.0, "Seconds in-flight requests may take to finish after "
            "SIGTERM/SIGINT; those still running then end with finish_reason abort."),
     Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` on every route but /health and "

@@ -96,7 +96,7 @@ def test_max_tokens_zero_scores_the_prompt_only(checkpoint, overlap):
 def test_prompt_logprobs_survive_preemption_and_n_samples(checkpoint):
     prompts = random_prompts(1000, [21, 26, 30], seed=14)
     # 30 + 20 tokens need 13 blocks of 4: 24 usable blocks cannot hold every sample at once
-    llm = llm_for(checkpoint, num_kv_blocks=25, enable_prefix_caching=False)
+    llm = llm_for(checkpoint, num_kv_blocks=25)
     params = SamplingParams(temperature=0.0, max_tokens=20, prompt_logprobs=1, n=2, ignore_eos=True)
     outs = llm.generate(prompts, params)
     assert llm.engine.scheduler.num_preemptions > 0

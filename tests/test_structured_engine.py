@@ -70,7 +70,7 @@ def test_control_characters_never_enter_strings() -> None:
 
 def test_chunked_prefill_preemption_and_no_leaked_blocks() -> None:
     llm = LLM("tiny-random", device="cpu", max_num_seqs=16, max_model_len=256, max_num_batched_tokens=24,
-              num_kv_blocks=14, block_size=16)
+              num_kv_blocks=17, block_size=16)   # 16 blocks: one request (42 + 4 x 50 tokens) fits alone
     engine = llm.engine
     prompts = [list(range(5, 5 + 40 + i)) for i in range(3)]
     _check_json(llm.generate(prompts, _params(JSON, max_tokens=50)))

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from engine.model_info import ModelInfo, TokenizerSource
 from engine.sampling_params import SamplingParams
 from server.admission import MAX_CHOICES, AdmissionControl, Overloaded, check_budget
 from tests.server.fakes import scripted_client
@@ -29,24 +30,38 @@ def test_queue_bound() -> None:
         AdmissionControl(max_queue_len=0)
 
 
-@pytest.mark.parametrize("n, max_tokens, prompts, ok", [
-    (4, 100, 1, True),
-    (4, 256, 1, True),              # exactly the capacity
-    (4, 257, 1, False),
-    (128, 8, 2, True),              # 256 choices
-    (128, 8, 3, False),
-    (64, None, 1, False),           # no max_tokens: the context left after the prompt counts
-    (1, None, 1, True),             # one sample always fits (the engine checks that it fits alone)
-])
-def test_request_budget(n: int, max_tokens: int | None, prompts: int, ok: bool) -> None:
-    params = SamplingParams(n=n, max_tokens=max_tokens)
-    call = lambda: check_budget(params, [10] * prompts, max_model_len=512, kv_capacity_tokens=1024)   # noqa: E731
+@pytest.mark.parametrize("n, prompts, ok", [(128, 2, True), (128, 3, False), (1, 256, True), (2, 129, False)])
+def test_request_choices(n: int, prompts: int, ok: bool) -> None:
+    call = lambda: check_budget(SamplingParams(n=n, max_tokens=4), prompts)   # noqa: E731
     if ok:
         call()
     else:
-        with pytest.raises(ValueError, match="lower n|choices"):
+        with pytest.raises(ValueError, match=f"{prompts} x {n} = {prompts * n}"):
             call()
     assert MAX_CHOICES == 256
+
+
+@pytest.mark.parametrize("n, max_tokens, ok", [
+    (4, 100, True),
+    (4, 254, True),                 # 10 + 4 x 254 = 1026 tokens: exactly 257 blocks of 4, the whole cache
+    (4, 255, False),
+    (64, None, False),              # no max_tokens: the context left after the prompt counts, per sample
+    (1, None, True),
+])
+def test_request_kv_need_is_checked_at_the_door(n: int, max_tokens: int | None, ok: bool) -> None:
+    """A request whose prompt + n x max_tokens exceeds the whole KV cache could never run: 400, with the
+    numbers, before it takes a place in the queue."""
+    info = ModelInfo("m", max_model_len=512, vocab_size=100, eos_token_ids=(), num_kv_blocks=258, block_size=4,
+                     max_num_seqs=4, tokenizer=TokenizerSource("."))
+    call = lambda: info.check_request(list(range(10)), SamplingParams(n=n, max_tokens=max_tokens))   # noqa: E731
+    if ok:
+        call()
+        return
+    with pytest.raises(ValueError) as refused:
+        call()
+    tokens = 10 + n * (max_tokens or 502)
+    assert (f"needs {-(-tokens // 4)} KV blocks of 4 tokens (prompt 10 + n x max_tokens = {n} x "
+            f"{max_tokens or 502} = {tokens} tokens) but the KV cache holds only 257 blocks") in str(refused.value)
 
 
 def test_request_timeout_aborts_plain_and_streamed_requests() -> None:

@@ -22,6 +22,13 @@ def test_defaults_match_engine_config() -> None:
     assert s.engine_config().enable_prefix_caching is True and s.max_model_len is None
 
 
+def test_engine_stall_timeout_is_on_by_default() -> None:
+    """A hung engine is visible without configuration: /health turns 503 after 300 s without a step."""
+    assert settings_for([]).engine_stall_timeout == 300.0
+    assert settings_for(["--engine-stall-timeout", "none"]).engine_stall_timeout is None
+    assert settings_for([], {"PAGEDSERVE_ENGINE_STALL_TIMEOUT": "30"}).engine_stall_timeout == 30.0
+
+
 def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("max-model-len: 111\nmax_num_seqs: 7\nport: 9001\nenforce-eager: true\nseed: 3\n")
