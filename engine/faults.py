@@ -1,12 +1,19 @@
 """Test-only fault injection, inside the engine process (armed through the front end's /_fault routes).
 
 Off unless PAGEDSERVE_ENABLE_FAULT_INJECTION=1 is in the engine process's environment; then ArmFault
-messages arm one fault each:
+messages arm one fault each. Once only:
 
   forward  the model's next forward raises once: that batch's requests fail
   nan      the model's next forward returns NaN and +/-inf logits once: sampling must cope
   kill     the engine loop's next step raises out of the engine: the loop dies, the engine process exits
-  stall    the engine loop's next step blocks for STALL_S seconds (a live but stuck engine)
+
+Until `release` (they let a test hold a request in flight, whatever the machine's speed):
+
+  hold     the engine does no work: each step returns nothing (after a short wait). Adds and aborts are
+           still taken, and their stats reported, so a test can watch a held engine's queues; the front end
+           sees no step completed (a live but stuck engine, for --engine-stall-timeout)
+  slow     each step first sleeps SLOW_STEP_S: a request of N tokens takes at least N x SLOW_STEP_S
+  release  ends hold and slow
 
 The hooks wrap the engine's own objects (the model runner's forward, the engine's step) from outside, so
 the engine carries no test code.
@@ -23,8 +30,10 @@ from typing import Any
 import torch
 
 ENV_VAR = "PAGEDSERVE_ENABLE_FAULT_INJECTION"
-KINDS = ("forward", "nan", "kill", "stall")
-STALL_S = 3.0
+ONCE = ("forward", "nan", "kill")
+KINDS = (*ONCE, "hold", "slow", "release")
+SLOW_STEP_S = 0.05
+_HOLD_WAIT_S = 0.01     # a held step waits this long for a release before it returns nothing
 logger = logging.getLogger("pagedserve.engine")
 
 
@@ -50,6 +59,9 @@ class FaultInjector:
     def __init__(self, engine: Any) -> None:
         self._armed: set[str] = set()
         self._lock = threading.Lock()       # armed by the engine process's input thread, taken by the loop
+        self._free = threading.Event()      # cleared while held
+        self._free.set()
+        self._slow = threading.Event()      # set while slow
         runner = engine.runner
         forward, step = runner.forward, engine.step
         runner.forward = self._wrap_forward(forward)
@@ -59,9 +71,17 @@ class FaultInjector:
         if kind not in KINDS:
             logger.error("fault injection: unknown fault %r ignored", kind)
             return
-        logger.warning("fault injection: %s armed", kind)
-        with self._lock:
-            self._armed.add(kind)
+        logger.warning("fault injection: %s", kind)
+        if kind == "hold":
+            self._free.clear()
+        elif kind == "slow":
+            self._slow.set()
+        elif kind == "release":
+            self._slow.clear()
+            self._free.set()
+        else:
+            with self._lock:
+                self._armed.add(kind)
 
     def _take(self, kind: str) -> bool:
         with self._lock:
@@ -82,7 +102,9 @@ class FaultInjector:
         def faulty_step() -> list:
             if self._take("kill"):
                 raise InjectedFault("injected engine thread death")
-            if self._take("stall"):
-                time.sleep(STALL_S)
+            if not self._free.wait(_HOLD_WAIT_S):
+                return []       # held: the loop goes back to its inbox (adds, aborts) and comes here again
+            if self._slow.is_set():
+                time.sleep(SLOW_STEP_S)
             return step()
         return faulty_step

@@ -2,7 +2,8 @@
 
 Off unless the environment variable PAGEDSERVE_ENABLE_FAULT_INJECTION=1 is set when the server starts (the
 engine process inherits it and installs its hooks, engine/faults.py); the route sits behind the API key
-like every other route. Kinds: forward, nan, kill, stall (see engine/faults.py).
+like every other route. Kinds: forward, nan, kill (once); hold, slow (until release); release (see
+engine/faults.py, and tests/README.md for how tests use them).
 """
 from __future__ import annotations
 

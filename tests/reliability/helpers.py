@@ -5,20 +5,61 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from engine.faults import SLOW_STEP_S
 from tests.server.conftest import MODEL_NAME
+from tests.server.prom import GUARD_S, parse
 from tests.server.sse import parse_sse
+
+FAULTS = {"PAGEDSERVE_ENABLE_FAULT_INJECTION": "1"}     # the server's env for the /_fault routes
 
 
 def long_body(max_tokens: int = 480, n: int = 16, **extra: Any) -> dict[str, Any]:
-    """A request that keeps the engine busy for seconds on CPU (n samples of max_tokens, eos ignored)."""
+    """n samples of max_tokens, eos ignored: max_tokens engine steps. That is long only by construction,
+    under /_fault/slow (at least max_tokens x SLOW_STEP_S) or /_fault/hold (never done until released)."""
     return {"model": MODEL_NAME, "prompt": [7, 8, 9, 10], "max_tokens": max_tokens, "n": n, "ignore_eos": True,
             "temperature": 0.0, **extra}
+
+
+def min_seconds(max_tokens: int) -> float:
+    """The least time a request of max_tokens takes under /_fault/slow: one step per token."""
+    return max_tokens * SLOW_STEP_S
+
+
+def fault(http: httpx.Client, kind: str) -> None:
+    """Arms a fault (engine/faults.py): forward, nan, kill once; hold, slow until release; release."""
+    assert http.post(f"/_fault/{kind}").json() == {"armed": kind}
+
+
+async def fault_async(client: httpx.AsyncClient, kind: str) -> None:
+    assert (await client.post(f"/_fault/{kind}")).json() == {"armed": kind}
+
+
+async def metrics_async(client: httpx.AsyncClient) -> dict[str, float]:
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    return parse(response.text)
+
+
+async def wait_for_metrics(client: httpx.AsyncClient, ok: Callable[[dict[str, float]], bool], what: str,
+                           timeout: float = GUARD_S) -> dict[str, float]:
+    """Polls /metrics until `ok(samples)`; fails the test after `timeout` (a guard against hanging)."""
+    deadline = time.monotonic() + timeout
+    while not ok(samples := await metrics_async(client)):
+        assert time.monotonic() < deadline, f"not {what} after {timeout} s: {samples}"
+        await asyncio.sleep(0.02)
+    return samples
+
+
+def gauges(samples: dict[str, float]) -> tuple[float, float]:
+    """(running, waiting) requests in the engine, as of its last reported step."""
+    return samples["pagedserve_num_requests_running"], samples["pagedserve_num_requests_waiting"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Admission rules and --request-timeout, in-process on an engine stand-in that never produces a token (so the
-timing is the server's alone)."""
+"""Admission rules and --request-timeout, in-process on an engine stand-in that never produces a token (so only
+the timeout can end a request)."""
 from __future__ import annotations
 
 import threading
@@ -12,6 +12,7 @@ from engine.sampling_params import SamplingParams
 from server.admission import MAX_CHOICES, AdmissionControl, Overloaded, check_budget
 from tests.server.fakes import scripted_client
 from tests.server.openapi import assert_valid
+from tests.server.prom import GUARD_S
 from tests.server.sse import parse_sse
 
 TIMEOUT_S = 0.3
@@ -75,14 +76,15 @@ def test_request_timeout_aborts_plain_and_streamed_requests() -> None:
         start = time.monotonic()
         thread.start()
         plain = client.post("/v1/completions", json={"prompt": "hi"})
-        thread.join(timeout=10)
+        thread.join(timeout=GUARD_S)
         elapsed = time.monotonic() - start
+        assert not thread.is_alive()
         assert plain.status_code == 504 and plain.headers["content-type"] == "application/json"
         assert_valid(plain.json(), "ErrorResponse")
         assert plain.json()["error"]["type"] == "timeout_error"
         events = parse_sse(results["stream"].text)
         assert [c["finish_reason"] for e in events for c in e["choices"]] == ["abort", "abort"]
-        assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3
+        assert elapsed >= TIMEOUT_S         # never before its time
         # The engine was told to stop both: one abort per engine request.
         assert sorted(reason for _, _, reason in loop.aborts) == ["abort", "abort"]
         assert len({request_id for request_id, _, _ in loop.aborts}) == 2

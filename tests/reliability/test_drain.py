@@ -1,6 +1,11 @@
 """SIGTERM drains: /health and new requests get 503 at once (the port stays open), a request that can finish
 within --drain-timeout finishes, those that cannot end with finish_reason "abort" (a stream with a last chunk
-and [DONE], a plain request with its partial text), and both processes (the front end, and the engine it shuts down) exit 0."""
+and [DONE], a plain request with its partial text), and both processes (the front end, and the engine it shuts
+down) exit 0.
+
+The engine runs slowly (/_fault/slow): the long requests need 480 steps, 24 s at least, so they cannot finish
+within the drain timeout, whatever the machine. The short one needs SHORT_TOKENS steps: it finishes within the
+drain timeout unless a step takes over half a second (the one speed this test assumes, 20 times over)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,49 +16,60 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.reliability.helpers import Outcome, engine_pid, first_events, long_body, post, wait_gone
+from tests.reliability.helpers import (
+    FAULTS,
+    Outcome,
+    engine_pid,
+    fault_async,
+    first_events,
+    gauges,
+    long_body,
+    min_seconds,
+    post,
+    wait_for_metrics,
+    wait_gone,
+)
 from tests.server.conftest import MODEL_NAME, start_server
 from tests.server.openapi import assert_valid
+from tests.server.prom import GUARD_S
 
-# The long requests (two of 16 samples x 480 tokens, about 1 s of engine work at the fastest seen here,
-# 15,000 tok/s on a quiet machine) cannot finish within it; the short one (8 tokens) easily does.
-DRAIN_TIMEOUT_S = 0.5
+DRAIN_TIMEOUT_S = 10.0
+LONG_TOKENS, SHORT_TOKENS = 480, 16
 
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint) -> Iterator:
     # 40 sequences: the two long requests (16 samples each) leave room for the short one.
     proc = start_server(tiny_checkpoint, "--max-model-len", "512", "--max-num-seqs", "40",
-                        "--drain-timeout", str(DRAIN_TIMEOUT_S))
+                        "--drain-timeout", str(DRAIN_TIMEOUT_S), env=FAULTS)
     yield proc
     proc.stop()
 
 
 async def _drain(server) -> tuple[list[Outcome], list[int], float]:
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as client:
-        started = asyncio.Event()
-        long_stream = asyncio.create_task(first_events(client, long_body(), 1, started))
-        long_plain = asyncio.create_task(post(client, "/v1/completions", long_body()))
-        await asyncio.wait_for(started.wait(), 20)
-        short = asyncio.create_task(post(client, "/v1/completions", long_body(max_tokens=8, n=1), stream=True))
-        await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=GUARD_S) as client:
+        await fault_async(client, "slow")
+        started, short_started = asyncio.Event(), asyncio.Event()
+        long_stream = asyncio.create_task(first_events(client, long_body(LONG_TOKENS), 1, started))
+        long_plain = asyncio.create_task(post(client, "/v1/completions", long_body(LONG_TOKENS)))
+        await asyncio.wait_for(started.wait(), GUARD_S)
+        short = asyncio.create_task(first_events(client, long_body(SHORT_TOKENS, n=1), 1, short_started))
+        await asyncio.wait_for(short_started.wait(), GUARD_S)
+        await wait_for_metrics(client, lambda m: gauges(m) == (3, 0), "3 running")
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         refused = await _refusals(server.base_url)
         outcomes = [await long_stream, await long_plain, await short]
-        return outcomes, refused, signalled
+        return outcomes, refused, time.monotonic() - signalled
 
 
 async def _refusals(base_url: str) -> list[int]:
     """While draining: /health, then a new request, on fresh connections; both must be 503."""
     statuses = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=5.0) as fresh:
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S / 2
-        while time.monotonic() < deadline:      # the signal is handled within uvicorn's 0.1 s tick
-            health = await fresh.get("/health")
-            if health.status_code == 503:
-                break
-            await asyncio.sleep(0.02)
+    async with httpx.AsyncClient(base_url=base_url, timeout=GUARD_S) as fresh:
+        deadline = time.monotonic() + GUARD_S
+        while (health := await fresh.get("/health")).status_code != 503 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)           # until uvicorn's next tick has seen the signal
         statuses.append(health.status_code)
         assert_valid(health.json(), "ErrorResponse")
         new = await fresh.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
@@ -75,17 +91,19 @@ def _finish_reasons(outcome: Outcome) -> dict[int, str]:
 
 
 def test_sigterm_drains_then_aborts_and_exits_zero(server) -> None:
+    assert min_seconds(LONG_TOKENS - 20) > 2 * DRAIN_TIMEOUT_S
     engine = engine_pid(server)
-    (long_stream, long_plain, short), refused, signalled = asyncio.run(_drain(server))
+    (long_stream, long_plain, short), refused, drained = asyncio.run(_drain(server))
     assert refused == [503, 503]
     # What could finish within the drain timeout did; the rest was cut at the timeout, with "abort".
     assert short.status == 200 and _finish_reasons(short) == {0: "length"}
     assert long_stream.status == 200 and _finish_reasons(long_stream) == {i: "abort" for i in range(16)}
     assert long_plain.status == 200 and _finish_reasons(long_plain) == {i: "abort" for i in range(16)}
     partial = long_plain.json()
-    assert 0 < partial["usage"]["completion_tokens"] < 16 * 480
-    assert server.proc.wait(timeout=30) == 0
-    assert wait_gone(engine, timeout=1.0) < 1.0        # the engine process was shut down, not orphaned
-    assert DRAIN_TIMEOUT_S <= time.monotonic() - signalled < DRAIN_TIMEOUT_S + 8
+    assert 0 < partial["usage"]["completion_tokens"] < 16 * LONG_TOKENS
+    assert drained >= DRAIN_TIMEOUT_S       # the long ones were given the whole drain timeout
+    assert server.proc.wait(timeout=GUARD_S) == 0
+    wait_gone(engine, GUARD_S)
     log = server.log_tail(200_000)
+    assert "engine process: shutdown requested" in log      # shut down by the front end, not orphaned
     assert "Traceback" not in log and "drain timeout: aborting 2 request(s)" in log

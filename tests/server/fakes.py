@@ -80,6 +80,31 @@ def scripted_app(**options) -> tuple[FastAPI, list[ScriptedClient]]:
     return create_app(client, **options), [client]
 
 
+async def asgi_post(app, path: str, body: bytes, send) -> None:
+    """One POST straight through the ASGI app, on the running event loop: the test's `send` sees every message
+    the app sends, in order, with no server or socket in between. The client never disconnects."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.get_running_loop().create_future()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]}
+    await app(scope, receive, send)
+
+
+async def loop_turns(n: int = 10) -> None:
+    """Lets the event loop run everything that is ready, n times over (no clock involved)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def scripted_client(**options) -> Iterator[tuple[TestClient, list[ScriptedClient]]]:
     app, clients = scripted_app(**options)
     with TestClient(app) as client:

@@ -2,16 +2,16 @@
 strings across tokens and n > 1, and an engine thread that dies mid-request. In-process (no model)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
-from tests.server.fakes import ScriptedClient, scripted_client
+from tests.server.fakes import ScriptedClient, asgi_post, loop_turns, scripted_app, scripted_client
 from tests.server.sse import parse_sse
 
 
@@ -97,30 +97,37 @@ def test_engine_death_fails_requests_and_health(setup) -> None:
     assert response.status_code == 503 and json.loads(response.text)["error"]["message"]
 
 
-def test_chat_role_chunk_comes_with_the_first_token_not_before_prefill(setup) -> None:
-    """Clients time the first token from the first chunk: the role chunk must not go out during prefill."""
-    client, [loop] = setup
-    arrivals: list[tuple[float, str]] = []
+async def _role_chunk_case() -> tuple[list[bytes], list[bytes]]:
+    """A streamed chat request through the ASGI app, the test playing the engine: returns the body chunks sent
+    before the engine delivered a token (however long the prefill took), and all of them."""
+    app, [loop] = scripted_app()
+    await app.state.ctx.async_engine.start()
+    chunks: list[bytes] = []
 
-    def read() -> None:
-        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 2}
-        with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    arrivals.append((time.monotonic(), line))
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            chunks.append(message["body"])
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    request_id, prompt, _, arrival = loop.added.get(timeout=10)
-    time.sleep(0.3)             # the "prefill"
-    first_token = time.monotonic()
-    timings = RequestTimings(arrival_time=arrival)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 2}).encode()
+    task = asyncio.ensure_future(asgi_post(app, "/v1/chat/completions", body, send))
+    await loop_turns()
+    request_id, prompt, _, arrival = loop.added.get_nowait()     # the request is in the "engine", prefilling
+    await loop_turns()
+    before_first_token = list(chunks)
     token = loop.tokenizer.encode("Hello", add_special_tokens=False)
     for last in (False, True):
         seqs = [SequenceDelta(0, token, None, "length" if last else None)]
-        loop.deliver([RequestDelta(request_id, seqs, last, len(prompt), 0, timings)], EngineStats(num_running=1))
-    reader.join(timeout=10)
-    events = [json.loads(line[6:]) for _, line in arrivals if line != "data: [DONE]"]
+        loop.deliver([RequestDelta(request_id, seqs, last, len(prompt), 0, RequestTimings(arrival))],
+                     EngineStats(num_running=1))
+        await loop_turns()
+    await asyncio.wait_for(task, 60)
+    return before_first_token, chunks
+
+
+def test_chat_role_chunk_comes_with_the_first_token_not_before_prefill() -> None:
+    """Clients time the first token from the first chunk: the role chunk must not go out during prefill."""
+    before_first_token, chunks = asyncio.run(_role_chunk_case())
+    assert before_first_token == [], "the role chunk was sent before the first token existed"
+    events = parse_sse(b"".join(chunks).decode())
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert events[1]["choices"][0]["delta"]["content"]
-    assert arrivals[0][0] >= first_token, "the role chunk was sent before the first token existed"

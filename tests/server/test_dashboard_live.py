@@ -127,13 +127,13 @@ def test_browser_shows_the_metrics(server: ServerProcess, traffic: dict[str, flo
             page.on("console", lambda m: errors.append(f"console {m.type}: {m.text} ({m.location})") if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.goto(server.base_url + "/dashboard")
-            page.wait_for_selector("#key-form:not([hidden])", timeout=10_000)   # it asks before any request
+            page.wait_for_selector("#key-form:not([hidden])", timeout=60_000)   # it asks before any request
             page.fill("#key-input", KEY)
             page.click("#key-form button")
             # Locator waits, not wait_for_function: when its predicate is not true at once, playwright polls
             # it with eval, which the page's Content-Security-Policy (script-src 'self') refuses.
-            expect(page.locator("#status")).to_have_text("live", timeout=15_000)
-            page.wait_for_selector("#requests .req", state="attached", timeout=15_000)
+            expect(page.locator("#status")).to_have_text("live", timeout=60_000)
+            page.wait_for_selector("#requests .req", state="attached", timeout=60_000)
             values, _ = scrape(httpx.Client(base_url=server.base_url, timeout=30.0))
             total = NUM_PLAIN + NUM_STREAMED
             expected = {

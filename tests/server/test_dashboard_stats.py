@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import Histogram
@@ -13,6 +14,7 @@ from prometheus_client import Histogram
 from engine.messages import StepOutput
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta, StepStats
+from server.dashboard import collector as collector_module
 from server.dashboard.collector import EFFICIENCY_WINDOW_S, DashboardOptions, DecodeWindow, StatsCollector
 from server.dashboard.quantiles import Buckets, histogram_quantile, read_registry
 from server.dashboard.series import SecondRing, change, rates
@@ -86,9 +88,11 @@ def _step(deltas, *, running=1, used=0, cached=0, step=None) -> StepOutput:
                                           step=step))
 
 
-def test_collector_from_scripted_steps() -> None:
+def test_collector_from_scripted_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = ServerMetrics("m", 64)
-    t0 = time.monotonic() - 1.8     # "now" is t0 + 1.8: the Prometheus gauge reads the real clock
+    t0 = time.monotonic() - 1.8
+    # "Now" is t0 + 1.8, also for the Prometheus gauge, which reads the collector's clock at scrape time.
+    monkeypatch.setattr(collector_module, "time", SimpleNamespace(monotonic=lambda: t0 + 1.8))
     collector = StatsCollector(_info(1e4), metrics, "served", "9.9", DashboardOptions(max_requests=2), started=t0)
     collector.on_submit("a", [1, 2, 3, 4, 5], t0)
     collector.on_submit("b", [1, 2], t0 + 0.1)

@@ -8,7 +8,7 @@ import json
 
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
 from server.stream_response import send_now
-from tests.server.fakes import scripted_app
+from tests.server.fakes import asgi_post, loop_turns, scripted_app
 from tests.server.sse import parse_sse
 
 WORDS = [" one", " two", " three", " four", " five", " six"]
@@ -34,35 +34,13 @@ class Recorder:
         return "".join(e["choices"][0]["text"] for e in parse_sse(b"".join(self.chunks).decode()) if e["choices"])
 
 
-async def _request(app, body: bytes, send) -> None:
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.get_running_loop().create_future()     # the client never disconnects
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]}
-    await app(scope, receive, send)
-
-
-async def _turns(n: int = 10) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 async def _slow_and_fast_streams() -> tuple[Recorder, Recorder, list[int]]:
     app, [client] = scripted_app()
     await app.state.ctx.async_engine.start()
     slow, fast = Recorder(hold_from=1), Recorder()
     body = json.dumps({"prompt": "hi", "max_tokens": len(WORDS), "stream": True}).encode()
-    tasks = [asyncio.ensure_future(_request(app, body, r.send)) for r in (slow, fast)]
-    await _turns()
+    tasks = [asyncio.ensure_future(asgi_post(app, "/v1/completions", body, r.send)) for r in (slow, fast)]
+    await loop_turns()
     requests = [client.added.get_nowait() for _ in range(2)]
     token_ids = [client.tokenizer.encode(w, add_special_tokens=False) for w in WORDS]
     fast_chunks_per_step = []
@@ -73,7 +51,7 @@ async def _slow_and_fast_streams() -> tuple[Recorder, Recorder, list[int]]:
         deltas = [RequestDelta(rid, [SequenceDelta(0, ids, None, "length" if last else None)], last, len(prompt), 0,
                                RequestTimings(arrival or 0.0)) for rid, prompt, _, arrival in requests]
         client.deliver(deltas, EngineStats(num_running=2))
-        await _turns()
+        await loop_turns()
         fast_chunks_per_step.append(len(fast.chunks))
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     return slow, fast, fast_chunks_per_step
@@ -130,7 +108,7 @@ async def _send_now_cases() -> dict[str, object]:
             closed.append(True)
 
     task = send_now(never, "d")
-    await _turns(2)
+    await loop_turns(2)
     task.cancel()
     seen["cancelled"] = isinstance((await asyncio.gather(task, return_exceptions=True))[0], asyncio.CancelledError)
     seen["closed"] = closed
