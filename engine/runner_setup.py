@@ -64,15 +64,6 @@ class BuiltRunner:
     runner: ModelRunner
 
 
-def _use_cpu_kernels(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """The compiled CPU kernels beside the CPU attention backend (the torch backend stays all-torch)."""
-    from engine.layers.cpu_linear import load_small_batch_linear
-    from engine.layers.cpu_ops import load_cpu_ops
-    ops = load_cpu_ops(dtype)
-    if ops is not None:
-        model.use_cpu_kernels(ops, load_small_batch_linear(dtype))
-
-
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     """Loads this rank's shard, allocates its KV cache (the same block count on every rank) and captures
     the decode graphs (collective: every rank captures the same buckets in the same order)."""
@@ -83,7 +74,9 @@ def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     if cfg.attention_backend == "triton":
         loaded.model.use_triton_kernels()
     if device.type == "cpu" and cfg.attention_backend == "cpu":
-        _use_cpu_kernels(loaded.model, cfg.torch_dtype)
+        # The compiled CPU kernels beside the CPU attention backend (the torch backend stays all-torch).
+        from engine.cpu_kernels import use_cpu_kernels
+        use_cpu_kernels(loaded.model, cfg.torch_dtype)
     num_blocks = parallel_state.all_reduce_min(choose_num_blocks(cfg, loaded.model, plan.max_model_len, device))
     graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
     runner = ModelRunner(loaded.model, num_blocks, cfg.block_size, cfg.attention_backend, cfg.max_num_seqs,

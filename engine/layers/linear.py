@@ -14,11 +14,11 @@ from torch import nn
 from engine.distributed import parallel_state as ps
 
 if TYPE_CHECKING:
-    from engine.layers.cpu_linear import SmallBatchLinear
+    from engine.cpu_kernels import SmallBatchLinear
 
 
 class LinearBase(nn.Linear):
-    # engine.layers.cpu_linear.SmallBatchLinear on AVX-512 CPUs (set by the model's use_cpu_kernels): decode
+    # kernels.cpu.linear.SmallBatchLinear on AVX-512 CPUs (set by the model's use_cpu_kernels): decode
     # steps of a few rows read each weight once instead of going through torch's matmul.
     small_batch: SmallBatchLinear | None = None
 
