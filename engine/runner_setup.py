@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.cpu_runtime import keep_freed_memory
 from engine.distributed import parallel_state
 from engine.kv_sizing import choose_num_blocks
+from engine.layers.quantized import weight_format, weight_nbytes
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 
@@ -62,6 +63,8 @@ class BuiltRunner:
     loaded: loader.LoadedModel
     num_kv_blocks: int
     runner: ModelRunner
+    model_weight_bytes: int     # weights held by all ranks together (GGUF blocks at their size)
+    weight_format: str          # e.g. "Q4_1+Q8_0 blocks, float32 rest", or "float32"
 
 
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
@@ -70,7 +73,7 @@ def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     cfg = plan.config
     if device.type == "cpu":
         keep_freed_memory()
-    loaded = loader.load(plan.model_dir, cfg.torch_dtype, device, plan.max_model_len)
+    loaded = loader.load(plan.model_dir, cfg.torch_dtype, device, plan.max_model_len, cfg.quantization)
     if cfg.attention_backend == "triton":
         loaded.model.use_triton_kernels()
     if device.type == "cpu" and cfg.attention_backend == "cpu":
@@ -83,4 +86,5 @@ def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
                          device, cfg.torch_dtype, plan.max_model_len, graph_batch)
     if runner.graphs is not None:
         runner.graphs.capture()
-    return BuiltRunner(loaded, num_blocks, runner)
+    weight_bytes = parallel_state.all_reduce_sum(weight_nbytes(loaded.model))
+    return BuiltRunner(loaded, num_blocks, runner, weight_bytes, weight_format(loaded.model, cfg.torch_dtype))

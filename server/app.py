@@ -66,6 +66,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     name = served_model_name or info.model_name
     tokenizer = info.tokenizer.load()
     metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
+    metrics.model_weight_bytes.set(info.model_weight_bytes)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
     ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer), options=chat_options)
