@@ -52,7 +52,8 @@ def main() -> None:
         return
     for dtype in a.dtypes.split(","):
         for q in a.quantizations.split(","):
-            out = subprocess.run([sys.executable, __file__, "--model", a.model, "--prompt-tokens", str(a.prompt_tokens),
+            # -P: benchmarks/kernels.py must not shadow the kernels package
+            out = subprocess.run([sys.executable, "-P", __file__, "--model", a.model, "--prompt-tokens", str(a.prompt_tokens),
                                   "--output-tokens", str(a.output_tokens), "--repeats", str(a.repeats),
                                   "--worker", q, dtype], capture_output=True, text=True, check=True)
             print(out.stdout.strip().splitlines()[-1], flush=True)

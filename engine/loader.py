@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from engine import gguf_loader
 from engine.config import QUANTIZATION_CHOICES
-from engine.cpu_kernels import QUANT_FORMATS
 from engine.distributed import parallel_state
 from engine.layers.linear import LinearBase, VocabParallelEmbedding
 from engine.layers.quantized import QuantizedWeight, QuantSegment
@@ -214,6 +213,8 @@ def _set_quantized(model: LlamaForCausalLM, target: str, parts: list[tuple[int, 
 def kept_quantized(file: gguf_loader.GGUFFile, model: LlamaForCausalLM) -> frozenset[str]:
     """Hugging Face names of the tensors that stay blocks: every part of a linear layer's or the embedding's
     weight in a format the CPU kernel computes with. The rest is dequantized at load (float stays float)."""
+    from engine.cpu_kernels import QUANT_FORMATS  # kernels/ only when asked for (engine/layers/quantized.py)
+
     types = gguf_loader.hf_types(file, model.config.num_layers)
     groups: dict[str, list[str]] = {}
     for name in types:

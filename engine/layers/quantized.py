@@ -15,8 +15,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_kernels import QUANT_FORMATS, load_quant_kernel
-
 # Up to this many input rows the kernel's integer dot products beat dequantize + torch GEMM: measured on a
 # loaded 2-core Zen 5 (AVX2 path) for a 1536x576 Q4_1 weight, 12 vs 15 ms at 128 rows, 23 vs 16 ms at 256.
 MAX_KERNEL_ROWS = 128
@@ -30,6 +28,9 @@ class QuantSegment:
 
 class QuantizedWeight:
     def __init__(self, segments: list[QuantSegment], in_features: int) -> None:
+        # kernels/ is imported only when a model keeps blocks: scripts run from benchmarks/ (whose kernels.py
+        # shadows the package) still import the engine.
+        from engine.cpu_kernels import QUANT_FORMATS, load_quant_kernel
         for seg in segments:
             if seg.qtype not in QUANT_FORMATS:
                 raise ValueError(f"{seg.qtype} blocks cannot be computed with (formats: {', '.join(QUANT_FORMATS)})")
@@ -51,6 +52,8 @@ class QuantizedWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] == 0:      # e.g. the LM head of a step whose prefill chunks all end mid-prompt
+            return x.new_empty(*x.shape[:-1], self.out_features)
         if self.kernel is not None and rows.shape[0] <= MAX_KERNEL_ROWS and rows.dtype in (torch.float32,
                                                                                             torch.bfloat16):
             rows = rows.contiguous()
