@@ -9,6 +9,7 @@ from engine.default_model import DEFAULT_MODEL
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+QUANTIZATION_CHOICES = ("auto", "gguf", "none")
 
 
 def cpu_auto_dtype() -> str:
@@ -26,6 +27,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     device: str = "auto"              # "cpu" | "cuda" | "auto"
     dtype: str = "auto"               # "float32" | "float16" | "bfloat16" | "auto"
+    # "gguf": a .gguf file's quantized tensors stay blocks and are computed with on CPU; "none": dequantized
+    # into dtype at load; "auto": gguf for a .gguf file on CPU, else none (engine/loader.py).
+    quantization: str = "auto"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16
@@ -55,6 +59,8 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {self.device!r}.")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}.")
+        if self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}; got {self.quantization!r}.")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}.")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_cudagraph_batch"):

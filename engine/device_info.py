@@ -19,14 +19,26 @@ HBM_BANDWIDTH: tuple[tuple[str, float], ...] = (
 )
 
 
+def _table(module: torch.nn.Module) -> object:
+    """The embedding's or LM head's weight: its GGUF blocks when it keeps them, else the parameter."""
+    q = getattr(module, "qweight", None)
+    return q if q is not None else module.weight
+
+
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter once (tied ones once), except an
     untied input embedding, of which a step gathers only a few rows."""
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[id(p)] = p.numel() * p.element_size()
-    embed, head = model.embed_tokens.weight, model.lm_head.weight
-    if embed is not head and embed.data_ptr() != head.data_ptr():
+    for module in model.modules():      # weights kept as GGUF blocks (engine/layers/quantized.py)
+        q = getattr(module, "qweight", None)
+        if q is not None:
+            seen[id(q)] = q.nbytes
+    embed, head = _table(model.embed_tokens), _table(model.lm_head)
+    tied = embed is head or (hasattr(embed, "data_ptr") and hasattr(head, "data_ptr")
+                             and embed.data_ptr() == head.data_ptr())
+    if not tied:
         seen.pop(id(embed), None)
     return sum(seen.values())
 

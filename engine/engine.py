@@ -73,7 +73,8 @@ class LLMEngine:
             device_name=device_info.device_name(self.device),
             weight_bytes=device_info.weight_bytes_per_step(self.model),
             kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
-            memory_bandwidth=device_info.memory_bandwidth(self.device), max_logprobs=cfg.max_logprobs)
+            memory_bandwidth=device_info.memory_bandwidth(self.device), max_logprobs=cfg.max_logprobs,
+            model_weight_bytes=built.model_weight_bytes, weight_format=built.weight_format)
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)

@@ -1,11 +1,12 @@
-"""GGUF file (llama.cpp's format) -> model config, tokenizer and dequantized weights.
+"""GGUF file (llama.cpp's format) -> model config, tokenizer and weights (dequantized, or kept as blocks).
 
 The file is parsed by transformers' GGUF reader (metadata and tensor table, memory-mapped: ~0.02 s where
 gguf.GGUFReader spends ~3 s walking every vocabulary string); only a file holding a tensor type that
 reader cannot size (Q5_0, Q5_1: llama.cpp's K-quant fallback for rows not a multiple of 256) takes
 gguf.GGUFReader's slower walk. transformers' config mapping table turns llama.cpp keys into config.json
 keys, and the `gguf` package dequantizes each tensor. Weights come out under their Hugging Face names, so
-engine.loader fuses and copies them exactly as it does for safetensors.
+engine.loader fuses and copies them exactly as it does for safetensors. Tensors the loader keeps quantized
+(--quantization gguf) come out as QuantBlocks: their stored bytes, one row of blocks per output row.
 """
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ class GGUFFile:
     @property
     def arch(self) -> str:
         return self.metadata["general.architecture"]
+
+
+@dataclass(frozen=True)
+class QuantBlocks:
+    """A quantized tensor kept as its blocks: `blocks` is uint8 [rows, row_bytes] in memory (not the map)."""
+    qtype: str
+    blocks: torch.Tensor
+    shape: tuple[int, int]      # the weight's [rows, columns]
+
+    def narrow(self, dim: int, start: int, length: int) -> QuantBlocks:
+        """Rows (dim 0), or columns (dim 1) at block boundaries: a tensor-parallel rank's part."""
+        if dim == 0:
+            return QuantBlocks(self.qtype, self.blocks[start:start + length], (length, self.shape[1]))
+        per_block = self.blocks.shape[1] * 32 // self.shape[1]
+        if start % 32 or length % 32:
+            raise ValueError(f"{self.qtype} blocks of 32 cannot be split at column {start} (+{length}); "
+                             f"use --quantization none with this --tensor-parallel-size.")
+        part = self.blocks[:, start // 32 * per_block:(start + length) // 32 * per_block]
+        return QuantBlocks(self.qtype, part, (self.shape[0], length))
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -199,17 +219,37 @@ def _dequantize(entry: TensorEntry) -> torch.Tensor:
     return torch.from_numpy(values).reshape(entry.shape)
 
 
-def named_tensors(file: GGUFFile, num_heads: int, num_kv_heads: int, num_layers: int
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor of the file, dequantized one at a time."""
+def hf_name(entry: TensorEntry, names: dict[str, str], arch: str) -> str:
+    base, _, suffix = entry.name.rpartition(".")
+    if base not in names:
+        raise ValueError(f"GGUF tensor {entry.name!r} has no place in a {arch} model "
+                         f"(rope frequency tables, vision towers and MoE experts are not supported).")
+    return f"{names[base]}.{suffix}"
+
+
+def hf_types(file: GGUFFile, num_layers: int) -> dict[str, str]:
+    """Hugging Face name -> stored type name, for every tensor of the file."""
+    names = _hf_names(num_layers)
+    return {hf_name(entry, names, file.arch): entry.qtype.name for entry in file.tensors}
+
+
+def _stored_rows(entry: TensorEntry) -> torch.Tensor:
+    """The stored bytes as uint8 [rows, row_bytes], copied out of the map."""
+    return torch.from_numpy(np.array(entry.data, dtype=np.uint8).reshape(entry.shape[0], -1))
+
+
+def named_tensors(file: GGUFFile, num_heads: int, num_kv_heads: int, num_layers: int,
+                  keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor | QuantBlocks]]:
+    """(Hugging Face name, float32 tensor) for every tensor of the file, dequantized one at a time; the
+    Hugging Face names in `keep` come as QuantBlocks instead."""
     names = _hf_names(num_layers)
     permute = file.arch == "llama"      # llama.cpp's converter permutes Q/K for llama only
-    for entry in tqdm(file.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
-        base, _, suffix = entry.name.rpartition(".")
-        if base not in names:
-            raise ValueError(f"GGUF tensor {entry.name!r} has no place in a {file.arch} model "
-                             f"(rope frequency tables, vision towers and MoE experts are not supported).")
-        tensor = _dequantize(entry)
+    for entry in tqdm(file.tensors, desc="Reading GGUF", unit="tensor", leave=False):
+        name = hf_name(entry, names, file.arch)
+        base = entry.name.rpartition(".")[0]
+        kept = name in keep
+        tensor = _stored_rows(entry) if kept else _dequantize(entry)
         if permute and base.endswith((".attn_q", ".attn_k")):
+            # rows of blocks permute as rows of floats do
             tensor = _unpermute(tensor, num_heads if base.endswith(".attn_q") else num_kv_heads)
-        yield f"{names[base]}.{suffix}", tensor
+        yield name, QuantBlocks(entry.qtype.name, tensor, (entry.shape[0], entry.shape[1])) if kept else tensor

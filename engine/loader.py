@@ -2,7 +2,9 @@
 
 Weights are read tensor by tensor from (possibly sharded) safetensors, or dequantized tensor by tensor
 from a GGUF file (engine.gguf_loader), and copied straight into our modules under their Hugging Face
-names; q/k/v and gate/up are fused on the way in. No transformers model object is ever built.
+names; q/k/v and gate/up are fused on the way in. No transformers model object is ever built. With
+--quantization gguf (the default for a .gguf file on CPU) the linear layers and the embedding table whose
+tensors are in a format the CPU kernel computes with keep their blocks instead (engine/layers/quantized.py).
 """
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ from torch import nn
 from tqdm import tqdm
 
 from engine import gguf_loader
+from engine.config import QUANTIZATION_CHOICES
 from engine.distributed import parallel_state
+from engine.layers.linear import LinearBase, VocabParallelEmbedding
+from engine.layers.quantized import QuantizedWeight, QuantSegment
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 
@@ -31,6 +36,7 @@ _FUSED = {
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass
@@ -117,14 +123,18 @@ def _part(target: str, shard: object, cfg: ModelConfig, rank: int, tp: int) -> _
 
 
 def _read(source, part: _Part) -> torch.Tensor:
-    """The part of a torch tensor or a safetensors slice (read lazily: only this part leaves the file)."""
+    """The part of a torch tensor, quantized blocks or a safetensors slice (read lazily: only this part leaves
+    the file)."""
     if part.start is None:
-        return source if isinstance(source, torch.Tensor) else source[:]
-    shape = tuple(source.shape) if isinstance(source, torch.Tensor) else tuple(source.get_shape())
+        return source if isinstance(source, (torch.Tensor, gguf_loader.QuantBlocks)) else source[:]
+    shape = tuple(source.shape) if isinstance(source, (torch.Tensor, gguf_loader.QuantBlocks)) else \
+        tuple(source.get_shape())
     if len(shape) <= part.dim or shape[part.dim] != part.full:
         raise ValueError(f"tensor shape {shape} does not match the model's (dimension {part.dim} should be "
                          f"{part.full}).")
     end = part.start + part.length
+    if isinstance(source, gguf_loader.QuantBlocks):
+        return source.narrow(part.dim, part.start, part.length)
     if isinstance(source, torch.Tensor):
         return source.narrow(part.dim, part.start, part.length)
     return source[part.start:end] if part.dim == 0 else source[:, part.start:end]
@@ -159,22 +169,82 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     expected_parts: dict[str, int] = {n: (3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else
                                           2 if "gate_up_proj" in n else 1) for n in params}
     seen: dict[str, int] = {}
+    blocks: dict[str, list[tuple[int, gguf_loader.QuantBlocks]]] = {}   # target -> (first row, this rank's part)
     for name, tensor in tensors:
         target, shard = _target(name)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
         try:
-            _copy_shard(params[target], tensor, target, shard, model.full_config)
+            if isinstance(tensor, gguf_loader.QuantBlocks):
+                part = _part(target, shard, model.full_config, parallel_state.tp_rank(),
+                             parallel_state.tp_world_size())
+                blocks.setdefault(target, []).append((part.row, _read(tensor, part)))
+            else:
+                _copy_shard(params[target], tensor, target, shard, model.full_config)
         except ValueError as e:
             raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
         seen[target] = seen.get(target, 0) + 1
+    for target, parts in blocks.items():
+        _set_quantized(model, target, parts)
     if model.config.tie_word_embeddings and "lm_head.weight" not in seen:
-        model.lm_head.weight = model.embed_tokens.weight
+        if model.embed_tokens.qweight is not None:
+            model.lm_head.set_quantized(model.embed_tokens.qweight)
+        else:
+            model.lm_head.weight = model.embed_tokens.weight
         seen["lm_head.weight"] = 1
     missing = [n for n, parts in expected_parts.items() if seen.get(n, 0) < parts]
     if missing:
         raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+def _set_quantized(model: LlamaForCausalLM, target: str, parts: list[tuple[int, gguf_loader.QuantBlocks]]) -> None:
+    """One layer's weight from its checkpoint tensors' blocks, in row order (q, k, v; gate, up)."""
+    module = model.get_submodule(target.rpartition(".")[0])
+    rows, cols = module.weight.shape
+    segments = [QuantSegment(p.qtype, p.blocks) for _, p in sorted(parts, key=lambda rp: rp[0])]
+    have = sum(s.blocks.shape[0] for s in segments)
+    if have < rows:     # the vocabulary padding rows of the last rank: zero blocks (scale 0) are zero weights
+        last = segments[-1]
+        segments.append(QuantSegment(last.qtype, torch.zeros(rows - have, last.blocks.shape[1], dtype=torch.uint8)))
+    module.set_quantized(QuantizedWeight(segments, cols))
+
+
+def kept_quantized(file: gguf_loader.GGUFFile, model: LlamaForCausalLM) -> frozenset[str]:
+    """Hugging Face names of the tensors that stay blocks: every part of a linear layer's or the embedding's
+    weight in a format the CPU kernel computes with. The rest is dequantized at load (float stays float)."""
+    from engine.cpu_kernels import QUANT_FORMATS  # kernels/ only when asked for (engine/layers/quantized.py)
+
+    types = gguf_loader.hf_types(file, model.config.num_layers)
+    groups: dict[str, list[str]] = {}
+    for name in types:
+        groups.setdefault(_target(name)[0], []).append(name)
+    keep: set[str] = set()
+    for target, names in groups.items():
+        module = model.get_submodule(target.rpartition(".")[0]) if target.endswith(".weight") else None
+        if isinstance(module, (LinearBase, VocabParallelEmbedding)) and all(types[n] in QUANT_FORMATS for n in names):
+            keep.update(names)
+    inflated = sorted({types[n] for n in types if n not in keep and types[n] not in _FLOAT_TYPES})
+    if inflated:
+        log.info("GGUF tensors of type %s are dequantized at load (the CPU kernel computes with %s)",
+                 ", ".join(inflated), ", ".join(QUANT_FORMATS))
+    return frozenset(keep)
+
+
+def resolve_quantization(quantization: str, path: Path, device: torch.device) -> str:
+    """'gguf' or 'none' for this model and device ('auto': gguf for a .gguf file on CPU)."""
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}.")
+    is_gguf = gguf_loader.is_gguf(path)
+    if quantization == "auto":
+        return "gguf" if is_gguf and device.type == "cpu" else "none"
+    if quantization == "gguf" and not is_gguf:
+        raise ValueError(f"--quantization gguf needs a .gguf model file; {str(path)!r} is not one "
+                         f"(use --quantization none).")
+    if quantization == "gguf" and device.type != "cpu":
+        raise ValueError("--quantization gguf computes with the blocks on CPU only; on CUDA a GGUF file is "
+                         "dequantized into --dtype at load (use --quantization none or auto).")
+    return quantization
 
 
 def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
@@ -220,23 +290,29 @@ def _eos_ids(gen_eos: list[int], cfg: ModelConfig, tokenizer) -> list[int]:
                               or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
-    """A .gguf file: config, tokenizer and weights (dequantized into `dtype`) all come from it."""
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, max_position: int,
+              quantization: str = "none") -> LoadedModel:
+    """A .gguf file: config, tokenizer and weights (dequantized into `dtype`, or kept as blocks with
+    quantization 'gguf') all come from it."""
     file = gguf_loader.open_gguf(path)
     cfg = ModelConfig.from_hf(gguf_loader.hf_config(file))
     model = _empty_model(cfg, dtype, device, max_position)
-    load_tensors(model, gguf_loader.named_tensors(file, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers))
+    keep = kept_quantized(file, model) if quantization == "gguf" else frozenset()
+    load_tensors(model, gguf_loader.named_tensors(file, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, keep))
     _finish(model, device)
     tokenizer = gguf_loader.load_tokenizer(path)
     log.info("loaded %s (%s, %d layers) in %s on %s", path, cfg.architecture, cfg.num_layers, dtype, device)
     return LoadedModel(model, cfg, tokenizer, {}, _eos_ids([], cfg, tokenizer))
 
 
-def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_position: int) -> LoadedModel:
-    """A Hugging Face checkpoint directory, or a .gguf file."""
+def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_position: int,
+         quantization: str = "auto") -> LoadedModel:
+    """A Hugging Face checkpoint directory, or a .gguf file (its blocks kept with quantization 'gguf';
+    'auto': gguf on CPU)."""
     model_dir = Path(model_dir)
+    quantization = resolve_quantization(quantization, model_dir, device)
     if gguf_loader.is_gguf(model_dir):
-        return load_gguf(model_dir, dtype, device, max_position)
+        return load_gguf(model_dir, dtype, device, max_position, quantization)
     cfg = load_model_config(model_dir)
     files = weight_files(model_dir)
     model = _empty_model(cfg, dtype, device, max_position)

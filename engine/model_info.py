@@ -58,6 +58,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     kv_bytes_per_token: int = 0
     memory_bandwidth: float | None = None   # bytes/s of device memory; None on a CPU
     max_logprobs: int = 20             # --max-logprobs
+    model_weight_bytes: int = 0        # weights the engine holds, all ranks summed (GGUF blocks at their size)
+    weight_format: str = ""            # "Q4_1+Q8_0 blocks, float32 rest" (--quantization gguf) or the dtype
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError (HTTP 400) for a request that can never run."""

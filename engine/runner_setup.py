@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.cpu_runtime import keep_freed_memory
 from engine.distributed import parallel_state
 from engine.kv_sizing import choose_num_blocks
+from engine.layers.quantized import weight_format, weight_nbytes
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 
@@ -62,15 +63,8 @@ class BuiltRunner:
     loaded: loader.LoadedModel
     num_kv_blocks: int
     runner: ModelRunner
-
-
-def _use_cpu_kernels(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """The compiled CPU kernels beside the CPU attention backend (the torch backend stays all-torch)."""
-    from engine.layers.cpu_linear import load_small_batch_linear
-    from engine.layers.cpu_ops import load_cpu_ops
-    ops = load_cpu_ops(dtype)
-    if ops is not None:
-        model.use_cpu_kernels(ops, load_small_batch_linear(dtype))
+    model_weight_bytes: int     # weights held by all ranks together (GGUF blocks at their size)
+    weight_format: str          # e.g. "Q4_1+Q8_0 blocks, float32 rest", or "float32"
 
 
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
@@ -79,15 +73,18 @@ def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     cfg = plan.config
     if device.type == "cpu":
         keep_freed_memory()
-    loaded = loader.load(plan.model_dir, cfg.torch_dtype, device, plan.max_model_len)
+    loaded = loader.load(plan.model_dir, cfg.torch_dtype, device, plan.max_model_len, cfg.quantization)
     if cfg.attention_backend == "triton":
         loaded.model.use_triton_kernels()
     if device.type == "cpu" and cfg.attention_backend == "cpu":
-        _use_cpu_kernels(loaded.model, cfg.torch_dtype)
+        # The compiled CPU kernels beside the CPU attention backend (the torch backend stays all-torch).
+        from engine.cpu_kernels import use_cpu_kernels
+        use_cpu_kernels(loaded.model, cfg.torch_dtype)
     num_blocks = parallel_state.all_reduce_min(choose_num_blocks(cfg, loaded.model, plan.max_model_len, device))
     graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
     runner = ModelRunner(loaded.model, num_blocks, cfg.block_size, cfg.attention_backend, cfg.max_num_seqs,
                          device, cfg.torch_dtype, plan.max_model_len, graph_batch)
     if runner.graphs is not None:
         runner.graphs.capture()
-    return BuiltRunner(loaded, num_blocks, runner)
+    weight_bytes = parallel_state.all_reduce_sum(weight_nbytes(loaded.model))
+    return BuiltRunner(loaded, num_blocks, runner, weight_bytes, weight_format(loaded.model, cfg.torch_dtype))

@@ -70,6 +70,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json) for this "
                          "model, whose chat template renders tools in its own format.")
     metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
+    metrics.model_weight_bytes.set(info.model_weight_bytes)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
     ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer),

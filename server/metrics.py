@@ -98,6 +98,9 @@ class ServerMetrics:
         self.constrained_requests = counter("pagedserve_structured_output_requests",
                                             "Requests constrained by a JSON schema, regex, choice, grammar or tool call.")
         self.rejected = counter("pagedserve_num_requests_rejected", "Requests refused with HTTP 429 (queue full).")
+        self.model_weight_bytes = gauge("pagedserve_model_weight_bytes",
+                                        "Bytes of model weights the engine holds (all ranks summed; quantized "
+                                        "blocks at their size).")
         self._seen = EngineStats()
         if vllm_metric_names:
             r.register(VllmAliasCollector(families))

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from engine.config import ATTENTION_BACKENDS, EngineConfig
+from engine.config import ATTENTION_BACKENDS, QUANTIZATION_CHOICES, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
 from server.security import parse_allowed_hosts, parse_origins
 
@@ -114,6 +114,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", int, 8000, "Port to listen on."),
     _engine("device", str, "cpu, cuda, cuda:N or auto."),
     _engine("dtype", str, "Weights and activations dtype.", ("auto", "float32", "float16", "bfloat16")),
+    _engine("quantization", str, "gguf: a .gguf file's quantized tensors stay blocks and are computed with on CPU; "
+            "none: dequantized into --dtype at load; auto (default): gguf for a .gguf file on CPU.",
+            QUANTIZATION_CHOICES),
     _engine("max_model_len", _optional_int, "Longest prompt + completion in tokens (default: the model's)."),
     _engine("max_num_seqs", int, "Most sequences in one batch."),
     _engine("max_num_batched_tokens", int, "Token budget of one engine step (prefill chunks + decodes)."),

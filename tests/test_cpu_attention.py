@@ -6,7 +6,7 @@ import torch
 
 from engine.attention.cpu import CpuAttentionBackend
 from engine.attention.torch_ref import TorchAttentionBackend
-from engine.cpu_build import load_kernel
+from kernels.cpu.build import load_kernel
 from tests.kernels.paged_cases import EngineBatch, make_engine_batch
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ compiler: the CPU kernel cannot be built")
@@ -26,7 +26,7 @@ def assert_matches_reference(batch: EngineBatch, tol: float) -> None:
     scale = q.shape[-1] ** -0.5
     kc_ref, vc_ref = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
     backend = CpuAttentionBackend()
-    assert backend.lib is not None
+    assert backend.kernel is not None
     out = backend.forward(q, k, v, k_cache, v_cache, meta, scale)
     ref = TorchAttentionBackend().forward(q, k, v, kc_ref, vc_ref, meta, scale)
     assert torch.equal(k_cache.nan_to_num(0.0), kc_ref)

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
-from engine.cpu_build import load_kernel
-from engine.layers import cpu_linear
-from engine.layers.cpu_linear import load_small_batch_linear
-from engine.layers.cpu_ops import load_cpu_ops
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
+from kernels.cpu import linear as cpu_linear
+from kernels.cpu.build import load_kernel
+from kernels.cpu.linear import load_small_batch_linear
+from kernels.cpu.ops import load_cpu_ops
 from tests.helpers import make_checkpoint, random_prompts
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ compiler: the CPU kernels cannot be built")

@@ -96,6 +96,15 @@ def all_reduce_min(value: int) -> int:
     return int(t.item())
 
 
+def all_reduce_sum(value: int) -> int:
+    """The sum of every rank's value (e.g. bytes of weights: each rank holds its slice)."""
+    if _state.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_state.cpu_group)
+    return int(t.item())
+
+
 # -- shapes of one rank's shard ---------------------------------------------------------------------------
 def check_divisible(cfg: ModelConfig, tp: int) -> None:
     """ValueError with the reason when the model cannot be split over tp ranks."""

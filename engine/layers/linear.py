@@ -14,15 +14,28 @@ from torch import nn
 from engine.distributed import parallel_state as ps
 
 if TYPE_CHECKING:
-    from engine.layers.cpu_linear import SmallBatchLinear
+    from engine.cpu_kernels import SmallBatchLinear
+    from engine.layers.quantized import QuantizedWeight
 
 
 class LinearBase(nn.Linear):
-    # engine.layers.cpu_linear.SmallBatchLinear on AVX-512 CPUs (set by the model's use_cpu_kernels): decode
+    # kernels.cpu.linear.SmallBatchLinear on AVX-512 CPUs (set by the model's use_cpu_kernels): decode
     # steps of a few rows read each weight once instead of going through torch's matmul.
     small_batch: SmallBatchLinear | None = None
+    # The weight as GGUF blocks (--quantization gguf): then there is no float `weight` parameter.
+    qweight: QuantizedWeight | None = None
+
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
+        if (qweight.out_features, qweight.in_features) != tuple(self.weight.shape):
+            raise ValueError(f"quantized weight [{qweight.out_features}, {qweight.in_features}] does not match "
+                             f"the layer's {list(self.weight.shape)}")
+        del self.weight
+        self.weight = None
+        self.qweight = qweight
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.qweight is not None:
+            return self.qweight.linear(x, bias)
         small = self.small_batch
         if small is not None and small.applies(x, self.weight):
             return small(x, self.weight, bias)
@@ -54,13 +67,30 @@ class VocabParallelEmbedding(nn.Embedding):
         # init, whose normal_ on the meta device imports torch._dynamo (seconds of startup on a small CPU).
         super().__init__(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
         self.vocab_start = ps.tp_rank() * num_embeddings
+        self.qweight: QuantizedWeight | None = None   # the table as GGUF blocks (--quantization gguf)
+        self.dtype = torch.get_default_dtype()
+
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
+        """Rows are looked up in the blocks and dequantized into the float weight's dtype."""
+        if (qweight.out_features, qweight.in_features) != tuple(self.weight.shape):
+            raise ValueError(f"quantized table [{qweight.out_features}, {qweight.in_features}] does not match "
+                             f"the embedding's {list(self.weight.shape)}")
+        self.dtype = self.weight.dtype
+        del self.weight
+        self.weight = None
+        self.qweight = qweight
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.qweight is None:
+            return F.embedding(ids, self.weight)
+        return self.qweight.dequantize(self.dtype, ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if ps.tp_world_size() == 1:
-            return super().forward(input_ids)
+            return self._lookup(input_ids)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_embeddings)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self._lookup(local.masked_fill(outside, 0))
         return ps.all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0))
 
 

@@ -26,8 +26,7 @@ from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from engine.layers.cpu_linear import SmallBatchLinear
-    from engine.layers.cpu_ops import CpuOps
+    from engine.cpu_kernels import CpuOps, SmallBatchLinear
 
 
 class Attention(nn.Module):

@@ -153,7 +153,8 @@ class StatsCollector:
     def _server(self, now: float) -> dict[str, Any]:
         info = self.info
         return {"model": info.model_name, "served_model_name": self.served_model_name, "device": info.device,
-                "device_name": info.device_name, "dtype": info.dtype, "attention_backend": info.attention_backend,
+                "device_name": info.device_name, "dtype": info.dtype,
+                "weight_format": info.weight_format, "model_weight_bytes": info.model_weight_bytes, "attention_backend": info.attention_backend,
                 "cuda_graphs": info.cuda_graphs, "version": self.version, "uptime_s": round(now - self.started, 1),
                 "max_model_len": info.max_model_len, "block_size": info.block_size,
                 "max_num_seqs": info.max_num_seqs, "show_prompts": self.options.show_prompts,

@@ -108,6 +108,7 @@
   function renderServer(info) {
     const facts = [["model", info.served_model_name + (info.model !== info.served_model_name ? " (" + info.model + ")" : "")],
       ["device", info.device + (info.device_name ? " · " + info.device_name : "")], ["dtype", info.dtype],
+      ["weights", (info.weight_format || info.dtype) + " · " + (info.model_weight_bytes / 1e6).toFixed(1) + " MB"],
       ["attention", info.attention_backend], ["CUDA graphs", info.cuda_graphs ? "on" : "off"],
       ["version", info.version], ["uptime", duration(info.uptime_s)]];
     const dl = $("#server");

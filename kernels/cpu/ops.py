@@ -1,8 +1,8 @@
-"""The small per-layer ops of a CPU forward (RMSNorm, residual add, RoPE) as compiled kernels (cpu_ops.cpp).
+"""The small per-layer ops of a CPU forward (RMSNorm, residual add, RoPE) as compiled kernels (ops.cpp).
 
 The functions have the signatures of the Triton ones in kernels/ (norm.rms_norm, norm.fused_add_rms_norm,
 rope.apply_rope, rope.qk_norm_rope), so the model plugs them into the same hooks (RMSNorm.fused,
-Attention.fused_rope); the torch code in layers/norm.py and layers/rotary.py stays the reference.
+Attention.fused_rope); the torch code in engine/layers/norm.py and engine/layers/rotary.py stays the reference.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ctypes
 
 import torch
 
-from engine.cpu_build import load_kernel
+from kernels.cpu.build import load_kernel
 
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -1,15 +1,15 @@
 // The small per-layer ops of a CPU forward, fused: RMSNorm (with the residual add) and RoPE (with Qwen3's
 // per-head q/k RMSNorm), in fp32 or bf16, with the rounding points of the torch reference (layers/norm.py,
 // layers/rotary.py): a decode step of one sequence spent more time dispatching their ~10 torch ops per layer
-// than computing them. Rows are shared out by the pool of engine/cpu_pool.h.
-// Built with the other CPU kernels by engine/cpu_build.py.
+// than computing them. Rows are shared out by the pool of pool.h.
+// Built with the other CPU kernels by kernels/cpu/build.py.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#include "../cpu_dtypes.h"
-#include "../cpu_pool.h"
+#include "dtypes.h"
+#include "pool.h"
 
 namespace {
 
@@ -18,7 +18,7 @@ constexpr int MAX_D = 512;             // largest head_dim for RoPE
 
 using pagedserve::load;
 using pagedserve::store;
-// f(r) for every row, ROWS_PER_INDEX rows per index of the pool (engine/cpu_pool.h).
+// f(r) for every row, ROWS_PER_INDEX rows per index of the pool (pool.h).
 template <typename F>
 void for_rows(int64_t rows, F&& f) {
   pagedserve::parallel_for((rows + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t chunk) {

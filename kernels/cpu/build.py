@@ -1,10 +1,11 @@
-"""Builds the engine's C++ CPU kernels once per machine into one library and loads it with ctypes.
+"""Builds the native CPU kernels of this folder once per machine into one library and loads it with ctypes.
 
-The sources (a thread pool, paged attention, the small-batch linear, fused norm and RoPE) are plain C++
-(no torch headers), so they compile in a few seconds; they are compiled
-with -march=native for the CPU it runs on and cached under the pagedserve cache dir, keyed by the sources,
-the flags and the CPU's feature list. Without a C++ compiler the callers fall back to torch (a warning says
-so).
+The sources (pool.cpp: the thread pool; attention.cpp: paged attention; linear.cpp: the small-batch linear;
+ops.cpp: fused norm and RoPE; quant.cpp: linear layers and embedding rows from GGUF quantized blocks) are
+plain C++ (no torch headers), so they compile in a few seconds; they are compiled with -march=native for
+the CPU it runs on (so each picks its AVX-512 / AVX2 / scalar path for that CPU) and cached under the
+pagedserve cache dir ($PAGEDSERVE_CACHE, else ~/.cache/pagedserve, as the engine's), keyed by the sources,
+the flags and the CPU's feature list. Without a C++ compiler the callers fall back to torch (a warning says so).
 """
 from __future__ import annotations
 
@@ -20,20 +21,23 @@ from pathlib import Path
 
 import torch
 
-from engine.tiny_model import cache_dir
-
 log = logging.getLogger(__name__)
 
-_ENGINE = Path(__file__).parent
-SOURCES = (_ENGINE / "cpu_pool.cpp", _ENGINE / "attention" / "cpu_kernel.cpp",
-           _ENGINE / "layers" / "cpu_linear.cpp", _ENGINE / "layers" / "cpu_ops.cpp")
-HEADERS = (_ENGINE / "cpu_pool.h", _ENGINE / "cpu_dtypes.h")
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp"))
+HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h"))
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
 # No FMA contraction either: the RoPE kernel then rounds exactly as the torch reference does.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
          "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c++17")
+
+
+def _cache_dir() -> Path:
+    """Where the built library is kept: the pagedserve cache dir's kernels/ (kernels never import engine)."""
+    root = os.environ.get("PAGEDSERVE_CACHE") or os.path.join(Path.home(), ".cache", "pagedserve")
+    return Path(root) / "kernels"
 
 
 def _cpu_features() -> str:
@@ -64,7 +68,7 @@ def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None when it cannot be built here."""
     sources = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_features().encode())
-    path = cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+    path = _cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
             _compile(path)
@@ -86,4 +90,8 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.cpu_rms_norm.argtypes = [p, p, p, p, p, i64, i, i64, f, i]
     lib.cpu_rope.restype = i
     lib.cpu_rope.argtypes = [p, p, p, p, i64, i, i, i, i64, i64, i64, p, p, f, i]
+    lib.qlinear.restype = i
+    lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i]
+    lib.qdequant.restype = i
+    lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
     return lib

@@ -5,16 +5,16 @@
 // heads sharing that KV head (GQA), so each K/V vector is loaded (and for bf16 converted) once for all of them.
 // Keys are walked in chunks of KC positions: each row's scores against the chunk are D-wide vector dot
 // products, then an online softmax (running max m, sum l) folds the chunk's V into the row's fp32 accumulator. Query token i of a sequence with context_len cached tokens sees
-// keys 0..context_len + i. Built by engine/cpu_build.py with -O3 -march=native, fast-math parts, -fopenmp;
-// Work items are shared out by the pool of engine/cpu_pool.h.
+// keys 0..context_len + i. Built by kernels/cpu/build.py with -O3 -march=native, fast-math parts, -fopenmp;
+// Work items are shared out by the pool of pool.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "../cpu_dtypes.h"
-#include "../cpu_pool.h"
+#include "dtypes.h"
+#include "pool.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif

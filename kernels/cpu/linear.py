@@ -1,4 +1,4 @@
-"""Linear layers of small batches on CPU through the compiled kernel (cpu_linear.cpp), in fp32 or bf16.
+"""Linear layers of small batches on CPU through the compiled kernel (linear.cpp), in fp32 or bf16.
 
 With one or a few rows (decode of one or a few sequences) a linear layer is a weight read; the kernel reads
 each weight once with AVX-512 FMAs (fp32) or AVX512_BF16 dot products (bf16). Larger batches are
@@ -11,7 +11,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_build import load_kernel
+from kernels.cpu.build import load_kernel
 
 # Up to this many rows the kernel was measured faster than torch's matmul (docs/benchmarks.md).
 MAX_ROWS = 16

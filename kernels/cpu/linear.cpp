@@ -5,14 +5,14 @@
 // read here (docs/benchmarks.md). Each pool index takes CHUNK_BLOCKS blocks of R weight rows and multiplies
 // them with up to MB input rows per pass: fp32 with FMAs, bf16 with AVX512_BF16 dot products (pairs of bf16
 // products summed into fp32 lanes) and one rounding to bf16 at the end, as torch's bf16 linear does.
-// Built with the other CPU kernels by engine/cpu_build.py; where the CPU lacks the instructions the entry
+// Built with the other CPU kernels by kernels/cpu/build.py; where the CPU lacks the instructions the entry
 // point reports "unsupported" and callers use torch.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include "../cpu_dtypes.h"
-#include "../cpu_pool.h"
+#include "dtypes.h"
+#include "pool.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 

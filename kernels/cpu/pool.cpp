@@ -1,11 +1,11 @@
-// The work-sharing pool of cpu_pool.h.
+// The work-sharing pool of pool.h.
 //
 // One word holds (generation << 32 | next index): claiming an index is a compare-and-swap on it, so a worker
 // that read an older task can never claim an index of a newer one. The caller publishes a task as a seqlock
 // writer: it first closes the current generation (index CLOSED: nothing claimable), then writes the task,
 // then opens the new generation; a claim by compare-and-swap succeeds only if the word did not change since
 // the task was read, so a claimed index always belongs to the task that was read.
-#include "cpu_pool.h"
+#include "pool.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,0 +1,55 @@
+"""GGUF quantized blocks on CPU through the compiled kernel (quant.cpp): few-row linear layers computed from
+the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
+
+Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks of 32 weights, as a .gguf file stores
+them. The reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.cpu.build import load_kernel
+
+# ggml type name -> (ggml type id, bytes per block of 32 weights): the formats quant.cpp computes with.
+FORMATS = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q5_0": (6, 22), "Q5_1": (7, 24), "Q8_0": (8, 34)}
+BLOCK = 32
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+class QuantKernel:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor) -> None:
+        """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
+        [M, N] with any row stride (a column slice of a fused output)."""
+        M, K = x.shape
+        if out.stride(1) != 1 or out.dtype != x.dtype:
+            raise ValueError("out must have unit column stride and the dtype of x")
+        status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype][0], M, blocks.shape[0], K,
+                                  blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16))
+        if status != 0:
+            raise ValueError(f"the quantized linear kernel rejected {qtype} blocks {tuple(blocks.shape)} for "
+                             f"{K} input features")
+
+    def dequantize(self, blocks: torch.Tensor, qtype: str, K: int, dtype: torch.dtype,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight rows `rows` (all rows when None) as a [len(rows), K] tensor of dtype (fp32/bf16)."""
+        if rows is not None:
+            rows = rows.to(torch.int64).contiguous()
+        n = blocks.shape[0] if rows is None else rows.numel()
+        out = torch.empty(n, K, dtype=dtype)
+        status = self.lib.qdequant(blocks.data_ptr(), FORMATS[qtype][0], blocks.stride(0),
+                                   None if rows is None else rows.data_ptr(), n, K, out.data_ptr(),
+                                   int(dtype == torch.bfloat16))
+        if status != 0:
+            raise ValueError(f"the dequantize kernel rejected {qtype} blocks {tuple(blocks.shape)} for {K} columns")
+        return out
+
+
+def load_quant_kernel() -> QuantKernel | None:
+    """The kernel, or None where no C++ compiler was found."""
+    lib = load_kernel()
+    return None if lib is None else QuantKernel(lib)

@@ -1,0 +1,149 @@
+"""GGUF blocks computed with as they are (--quantization gguf): the CPU kernel against the `gguf` package's
+dequantized reference per format, on quantized and random blocks and odd shapes; the loader keeping them.
+
+Tolerances: dequantization is exact (the same float ops as the reference); the kernel's linear rounds each
+32-value block of the input to int16 (scale max|x| / 32767), so it equals the product of the dequantized
+weight with that rounded input to float32 summation error (1e-5 of the largest output), and the float
+product within 2e-4 of the largest output (the rounding is at most 1/65534 of each block's max|x|).
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams, loader
+from engine.layers import quantized
+from engine.layers.quantized import QuantizedWeight, QuantSegment, dequantize_reference, weight_nbytes
+from kernels.cpu.quant import FORMATS, load_quant_kernel
+from tests.gguf_files import random_blocks
+
+pytestmark = pytest.mark.skipif(load_quant_kernel() is None, reason="no C++ compiler: the CPU kernels cannot be built")
+Q = gguf.GGMLQuantizationType
+
+
+def quantized_blocks(qtype: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(values, Q[qtype]).view(np.uint8)))
+
+
+def blocks_of(kind: str, qtype: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    if kind == "quantized":
+        return quantized_blocks(qtype, rows, cols, seed)
+    return torch.from_numpy(np.ascontiguousarray(random_blocks(qtype, rows, cols, seed)))
+
+
+def int16_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel sees it: each block of 32 rounded to int16 steps of max|x| / 32767."""
+    b = x.float().reshape(x.shape[0], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 32767
+    return (torch.round(b / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("qtype", list(FORMATS))
+def test_dequantize_equals_the_gguf_package(qtype, kind):
+    rows, cols = 37, 96
+    blocks = blocks_of(kind, qtype, rows, cols, seed=1)
+    ref = dequantize_reference(blocks, qtype, cols)
+    kernel = load_quant_kernel()
+    assert torch.equal(kernel.dequantize(blocks, qtype, cols, torch.float32), ref)
+    assert torch.equal(kernel.dequantize(blocks, qtype, cols, torch.bfloat16), ref.bfloat16())
+    ids = torch.tensor([36, 0, 5, 5])
+    assert torch.equal(kernel.dequantize(blocks, qtype, cols, torch.float32, ids), ref[ids])
+
+
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("qtype", list(FORMATS))
+@pytest.mark.parametrize("rows,cols,m", [(37, 96, 1), (5, 32, 3), (130, 544, 16)])
+def test_linear_equals_the_dequantized_reference(qtype, kind, rows, cols, m):
+    blocks = blocks_of(kind, qtype, rows, cols, seed=rows + m)
+    w = dequantize_reference(blocks, qtype, cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    out = torch.full((m, rows), float("nan"))
+    load_quant_kernel().linear_into(x, blocks, qtype, out)
+    scale = (x @ w.T).abs().max()
+    exact = (int16_rounded(x).double() @ w.double().T).float()
+    assert (out - exact).abs().max() <= 1e-5 * scale
+    assert (out - x @ w.T).abs().max() <= 2e-4 * scale
+
+
+def test_linear_in_bf16_and_into_a_column_slice():
+    blocks = quantized_blocks("Q4_1", 40, 64, seed=3)
+    w = dequantize_reference(blocks, "Q4_1", 64)
+    x = torch.randn(2, 64).bfloat16()
+    out = torch.zeros(2, 50, dtype=torch.bfloat16)
+    load_quant_kernel().linear_into(x, blocks, "Q4_1", out[:, 5:45])
+    ref = x.float() @ w.T
+    assert (out[:, 5:45].float() - ref).abs().max() <= 1e-2 * ref.abs().max()    # bf16 output rounding
+    assert out[:, :5].eq(0).all() and out[:, 45:].eq(0).all()
+
+
+@pytest.mark.parametrize("m", [0, 1, 7, quantized.MAX_KERNEL_ROWS + 1])
+def test_fused_weight_of_two_formats(m):
+    """q/k/v or gate/up fused from tensors stored in different formats: one segment each."""
+    a, b = quantized_blocks("Q4_0", 24, 64, seed=4), quantized_blocks("Q8_0", 8, 64, seed=5)
+    qw = QuantizedWeight([QuantSegment("Q4_0", a), QuantSegment("Q8_0", b)], 64)
+    w = torch.cat([dequantize_reference(a, "Q4_0", 64), dequantize_reference(b, "Q8_0", 64)])
+    assert qw.format == "Q4_0+Q8_0" and qw.nbytes == a.numel() + b.numel()
+    assert torch.equal(qw.dequantize(torch.float32), w)
+    x, bias = torch.randn(m, 64), torch.randn(32)
+    ref, out = F.linear(x, w, bias), qw.linear(x, bias)
+    assert out.shape == ref.shape
+    assert m == 0 or (out - ref).abs().max() <= 2e-4 * ref.abs().max()
+
+
+def test_blocks_that_do_not_fit_the_shape_are_refused():
+    with pytest.raises(ValueError, match="do not hold"):
+        QuantizedWeight([QuantSegment("Q4_1", quantized_blocks("Q4_1", 4, 64, seed=6))], 96)
+    with pytest.raises(ValueError, match="cannot be computed"):
+        QuantizedWeight([QuantSegment("Q6_K", torch.zeros(4, 210, dtype=torch.uint8))], 256)
+
+
+def test_quantization_gguf_needs_a_gguf_file_on_cpu(tmp_path):
+    with pytest.raises(ValueError, match="needs a .gguf model file"):
+        loader.resolve_quantization("gguf", tmp_path, torch.device("cpu"))
+    with pytest.raises(ValueError, match="CPU only"):
+        loader.resolve_quantization("gguf", tmp_path / "m.gguf", torch.device("cuda"))
+    assert loader.resolve_quantization("auto", tmp_path / "m.gguf", torch.device("cpu")) == "gguf"
+    assert loader.resolve_quantization("auto", tmp_path / "m.gguf", torch.device("cuda")) == "none"
+    assert loader.resolve_quantization("auto", tmp_path, torch.device("cpu")) == "none"
+
+
+# ------------------------------------------------------------------------------ the real default model
+@pytest.fixture(scope="module")
+def smollm2_gguf(smollm2_file):
+    return LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=4,
+               quantization="gguf")
+
+
+def test_default_model_keeps_its_blocks(smollm2_gguf, smollm2_file):
+    model = smollm2_gguf.engine.model
+    layers = [m for m in model.modules() if getattr(m, "qweight", None) is not None]
+    assert {m.qweight.format for m in layers} == {"Q4_1", "Q8_0"}
+    assert all(m.weight is None for m in layers)
+    assert model.lm_head.qweight is model.embed_tokens.qweight       # tied: one Q8_0 table
+    assert weight_nbytes(model) <= 1.25 * smollm2_file.stat().st_size
+    info = smollm2_gguf.engine.info      # what pagedserve_model_weight_bytes and /v1/stats report
+    assert info.model_weight_bytes == weight_nbytes(model)
+    assert info.weight_format == "Q4_1+Q8_0 blocks, float32 rest"
+
+
+def test_model_weight_bytes_gauge():
+    from prometheus_client import generate_latest
+
+    from server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m", 64)
+    metrics.model_weight_bytes.set(123456789)
+    assert 'pagedserve_model_weight_bytes{model_name="m"} 1.23456789e+08' in generate_latest(metrics.registry).decode()
+
+
+def test_default_model_answers_the_readme_question(smollm2_gguf):
+    llm = smollm2_gguf
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16))
+    assert out[0].outputs[0].text == "The capital of France is Paris."
