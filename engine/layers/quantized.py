@@ -3,8 +3,8 @@ tied LM head computed from the blocks.
 
 A QuantizedWeight is a [N, K] weight as row segments of blocks (a fused q/k/v or gate/up weight has one
 segment per checkpoint tensor, each in its own format). Few-row products (decode) go to the compiled kernel,
-which dots the blocks with int8-quantized input rows; more rows (prefill) dequantize the weight into the
-activations' dtype for torch's GEMM. Without the compiled kernels (no C++ compiler) the `gguf` package's
+which dots the blocks with input rows rounded to int16 per block of 32; more rows (prefill) dequantize the
+weight into the activations' dtype for torch's GEMM. Without the compiled kernels (no C++ compiler) the `gguf` package's
 dequantizer does the same: it is also the tests' reference.
 """
 from __future__ import annotations

@@ -102,7 +102,7 @@ float half_at(const uint8_t* p) {
   }
 }
 
-// One input row as int8 blocks: qx[K], a scale per block, the int sum of each block's qx (Q4_0/Q5_0
+// One input row as int16 blocks: qx[K], a scale per block, the int sum of each block's qx (Q4_0/Q5_0
 // subtract 8 or 16 times it) and that sum times the scale (the offset m of Q4_1/Q5_1 multiplies it). The
 // quantized sum, not the exact one: then m's term and the product with unsigned q share one rounding of x and
 // cancel as the weights d*q + m do, instead of leaving x's rounding error times the mean of q.
