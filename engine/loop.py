@@ -90,10 +90,11 @@ class EngineLoop:
     def _report_work(self) -> None:
         """A step with no news for any request (a prompt chunk) still counts as progress for the front
         end's --engine-stall-timeout: it is delivered when it computed something. A step that computed
-        nothing (waiting on a grammar) sends nothing, so a stuck engine stays visible."""
+        nothing (waiting on a grammar) sends nothing, so a stuck engine stays visible; but stats() hands over
+        what it drained (grammar compile times) only once, so those are always delivered."""
         stats = self.engine.stats()
         step = stats.step
-        if step is not None and (step.num_prefill_tokens or step.num_decode_seqs):
+        if (step is not None and (step.num_prefill_tokens or step.num_decode_seqs)) or stats.grammar_compile_seconds:
             self.deliver([], stats)
 
     def _drain(self, block: bool) -> list | None:

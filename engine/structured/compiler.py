@@ -9,7 +9,7 @@ of StructuredOutputs keep short.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -44,7 +44,9 @@ class GrammarCache:
     tokenizer_info: xg.TokenizerInfo
     timeout_s: float = 10.0
     num_workers: int = 2
-    compile_seconds: list[float] = field(default_factory=list)   # drained into EngineStats
+    # Compile times, drained into EngineStats: appended by the compile threads, taken by the engine thread one
+    # by one (deque's append and popleft are atomic; swapping a list could drop an append in flight).
+    compile_seconds: deque[float] = field(default_factory=deque)
     _cache: OrderedDict = field(default_factory=OrderedDict)
     _timed_out: set = field(default_factory=set)      # keys whose compile outlived a request's deadline
     _pool: ThreadPoolExecutor | None = None
@@ -82,11 +84,13 @@ class GrammarCache:
             compiled = self._compiler.compile_grammar(grammar)
         except RuntimeError as exc:
             raise ValueError(f"the constraint cannot be compiled: {compiler_message(exc)}") from None
-        self.compile_seconds.append(time.perf_counter() - t0)   # list.append is atomic under the GIL
+        self.compile_seconds.append(time.perf_counter() - t0)
         return compiled
 
     def drain_compile_seconds(self) -> list[float]:
-        taken, self.compile_seconds = self.compile_seconds, []
+        taken = []
+        while self.compile_seconds:
+            taken.append(self.compile_seconds.popleft())
         return taken
 
     def shutdown(self) -> None:
