@@ -162,3 +162,32 @@ def test_prompt_chunks_count_as_progress_for_the_stall_watchdog(llama):
         loop.shutdown(timeout=10)
     chunks = [stats.step.num_prefill_tokens for deltas, stats in delivered if not deltas and stats.step is not None]
     assert chunks == [8, 8, 8, 8]           # 40 prompt tokens in chunks of 8: four steps with no token, then one
+
+
+def test_grammar_compile_times_always_reach_the_front_end(llama):
+    """A grammar compiles while the engine's steps compute nothing for its request; the compile time that
+    stats() drains in such a step is delivered all the same (the front end's compile histogram counts it)."""
+    import json
+    import threading
+
+    from engine.loop import EngineLoop
+    from engine.structured import StructuredOutputs
+
+    llm = LLM(model=str(llama), device="cpu", dtype="float32", block_size=4)
+    delivered, done = [], threading.Event()
+
+    def deliver(deltas, stats) -> None:
+        delivered.append(stats)
+        if any(d.finished for d in deltas):
+            done.set()
+
+    loop = EngineLoop(llm.engine, deliver)
+    loop.start()
+    try:
+        schema = {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"]}
+        loop.add_request("r", [3, 4, 5], SamplingParams(max_tokens=16, structured_outputs=StructuredOutputs(
+            json=json.dumps(schema))))
+        assert done.wait(timeout=120)
+    finally:
+        loop.shutdown(timeout=10)
+    assert len([s for stats in delivered for s in stats.grammar_compile_seconds]) == 1
