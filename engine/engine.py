@@ -13,10 +13,10 @@ from engine import device_info
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
-from engine.executor import PLACEHOLDER, LaunchedStep, LogprobLists, StepExecutor, StepResult, StepTask
+from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
-from engine.request import Request, SeqStatus, Sequence
+from engine.request import Request, SeqStatus, Sequence, collect_prompt_logprobs
 from engine.runner_setup import build_runner, plan_model
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
@@ -297,7 +297,7 @@ class LLMEngine:
         now = time.monotonic()
         deltas: dict[str, RequestDelta] = {}
         if result.prompt_logprobs is not None:
-            _collect_prompt_logprobs(launched.scored, result.prompt_logprobs)
+            collect_prompt_logprobs(launched.scored, result.prompt_logprobs)
         for i, (seq, pos) in enumerate(zip(launched.rows, launched.positions)):
             if seq.status is SeqStatus.FINISHED:  # finished or aborted while this step ran
                 continue
@@ -388,19 +388,5 @@ class LLMEngine:
 
     def fail_all(self, error: BaseException) -> list[RequestDelta]:
         return self._fail(self.requests.values(), error)
-
-def _collect_prompt_logprobs(scored: list[tuple[Sequence, range]], lists: LogprobLists) -> None:
-    """Appends each scored position's entry to its request (positions scored twice, around a preemption
-    while the step ran, are kept once)."""
-    logprobs, ranks, top_ids, top_logprobs = lists
-    row = 0
-    for seq, span in scored:
-        entries, k = seq.request.prompt_logprobs, seq.params.prompt_logprobs
-        for pos in span:
-            if len(entries) == pos and seq.status is not SeqStatus.FINISHED:
-                entries.append(TokenLogprob(seq.token_ids[pos + 1], logprobs[row], ranks[row],
-                                            list(zip(top_ids[row][:k], top_logprobs[row][:k]))))
-            row += 1
-
 
 from engine.loop import EngineLoop  # noqa: E402,F401  (the engine's thread lives beside it)

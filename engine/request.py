@@ -12,6 +12,7 @@ from engine.outputs import RequestTimings, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.executor import LogprobLists
     from engine.structured.compiler import PendingGrammar
     from engine.structured.matcher import SeqMatcher
 
@@ -95,3 +96,17 @@ class Sequence:
         if scored is None or self.index != 0 or len(scored) >= self.num_prompt_tokens - 1:
             return self.num_tokens
         return len(scored)
+
+
+def collect_prompt_logprobs(scored: list[tuple[Sequence, range]], lists: LogprobLists) -> None:
+    """Appends each scored position's entry to its request (positions scored twice, around a preemption
+    while the step ran, are kept once)."""
+    logprobs, ranks, top_ids, top_logprobs = lists
+    row = 0
+    for seq, span in scored:
+        entries, k = seq.request.prompt_logprobs, seq.params.prompt_logprobs
+        for pos in span:
+            if len(entries) == pos and seq.status is not SeqStatus.FINISHED:
+                entries.append(TokenLogprob(seq.token_ids[pos + 1], logprobs[row], ranks[row],
+                                            list(zip(top_ids[row][:k], top_logprobs[row][:k]))))
+            row += 1
