@@ -29,7 +29,13 @@ def quantized_blocks(qtype: str, rows: int, cols: int, seed: int) -> torch.Tenso
     return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(values, Q[qtype]).view(np.uint8)))
 
 
+K_QUANT_FORMATS = [q for q in FORMATS if FORMATS[q].block_weights == 256]
+# (format, kind): the K-quants cannot be quantized by the gguf package, so only random super-blocks test them
+CASES = [(q, kind) for q in FORMATS for kind in (("random",) if q in K_QUANT_FORMATS else ("quantized", "random"))]
+
+
 def blocks_of(kind: str, qtype: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    cols *= FORMATS[qtype].block_weights // 32     # K-quant rows are whole super-blocks of 256
     if kind == "quantized":
         return quantized_blocks(qtype, rows, cols, seed)
     return torch.from_numpy(np.ascontiguousarray(random_blocks(qtype, rows, cols, seed)))
@@ -42,11 +48,11 @@ def int16_rounded(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(b / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
 
 
-@pytest.mark.parametrize("kind", ["quantized", "random"])
-@pytest.mark.parametrize("qtype", list(FORMATS))
+@pytest.mark.parametrize("qtype,kind", CASES)
 def test_dequantize_equals_the_gguf_package(qtype, kind):
-    rows, cols = 37, 96
-    blocks = blocks_of(kind, qtype, rows, cols, seed=1)
+    rows = 37
+    blocks = blocks_of(kind, qtype, rows, 96, seed=1)
+    cols = 96 * FORMATS[qtype].block_weights // 32
     ref = dequantize_reference(blocks, qtype, cols)
     kernel = load_quant_kernel()
     assert torch.equal(kernel.dequantize(blocks, qtype, cols, torch.float32), ref)
@@ -55,11 +61,12 @@ def test_dequantize_equals_the_gguf_package(qtype, kind):
     assert torch.equal(kernel.dequantize(blocks, qtype, cols, torch.float32, ids), ref[ids])
 
 
-@pytest.mark.parametrize("kind", ["quantized", "random"])
-@pytest.mark.parametrize("qtype", list(FORMATS))
+@pytest.mark.parametrize("qtype,kind", CASES)
 @pytest.mark.parametrize("rows,cols,m", [(37, 96, 1), (5, 32, 3), (130, 544, 16)])
 def test_linear_equals_the_dequantized_reference(qtype, kind, rows, cols, m):
+    """Odd shapes: row counts that do not fill the kernel's tiles, 1 to 17 blocks (super-blocks) per row."""
     blocks = blocks_of(kind, qtype, rows, cols, seed=rows + m)
+    cols *= FORMATS[qtype].block_weights // 32
     w = dequantize_reference(blocks, qtype, cols)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     out = torch.full((m, rows), float("nan"))
@@ -98,8 +105,10 @@ def test_fused_weight_of_two_formats(m):
 def test_blocks_that_do_not_fit_the_shape_are_refused():
     with pytest.raises(ValueError, match="do not hold"):
         QuantizedWeight([QuantSegment("Q4_1", quantized_blocks("Q4_1", 4, 64, seed=6))], 96)
+    with pytest.raises(ValueError, match="do not hold"):
+        QuantizedWeight([QuantSegment("Q6_K", torch.zeros(4, 210, dtype=torch.uint8))], 96)
     with pytest.raises(ValueError, match="cannot be computed"):
-        QuantizedWeight([QuantSegment("Q6_K", torch.zeros(4, 210, dtype=torch.uint8))], 256)
+        QuantizedWeight([QuantSegment("Q2_K", torch.zeros(4, 84, dtype=torch.uint8))], 256)
 
 
 def test_quantization_gguf_needs_a_gguf_file_on_cpu(tmp_path):
@@ -147,3 +156,31 @@ def test_default_model_answers_the_readme_question(smollm2_gguf):
                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16))
     assert out[0].outputs[0].text == "The capital of France is Paris."
+
+
+# ------------------------------------------------------------------------------ tiny GGUF models, per format
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_model_from_blocks_scores_as_the_dequantized_model(tmp_path, qtype):
+    """A whole model computed from its blocks (decode rows and prefill rows) against the same file dequantized
+    at load: the log-probabilities agree to 1e-3 of their range (the kernel's int16 rounding of the inputs,
+    through a random model whose log-probabilities reach -100: a wrong block layout is off by tens)."""
+    from engine.tiny_model import build_checkpoint
+    from tests.gguf_files import K_QUANTS, write_gguf
+
+    k_dims = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64} if qtype in K_QUANTS else {}
+    ckpt = build_checkpoint(tmp_path / "hf", "llama", seed=1, tie_word_embeddings=False, **k_dims)
+    path = write_gguf(ckpt, tmp_path / f"m-{qtype}.gguf", "llama", qtype)
+    prompt = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=1, logprobs=1)
+    scored = {}
+    for mode in ("gguf", "none"):
+        llm = LLM(model=str(path), device="cpu", dtype="float32", max_model_len=128, quantization=mode)
+        if mode == "gguf":
+            model = llm.engine.model
+            assert {m.qweight.format for m in model.modules() if getattr(m, "qweight", None) is not None} == {qtype}
+        out = llm.generate([prompt], params)[0]
+        scored[mode] = [e.logprob for e in out.prompt_logprobs[1:]] + [e.logprob for e in out.outputs[0].logprobs]
+        del llm
+    got, ref = torch.tensor(scored["gguf"]), torch.tensor(scored["none"])
+    assert ref.std() > 0.05      # the model's distribution is not flat: a wrong layout would show
+    assert (got - ref).abs().max() <= 1e-3 * ref.abs().max()

@@ -22,7 +22,7 @@ MAX_KERNEL_ROWS = 128
 
 @dataclass(frozen=True)
 class QuantSegment:
-    qtype: str                  # ggml type name: Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0
+    qtype: str                  # ggml type name: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K
     blocks: torch.Tensor        # uint8 [rows, row_bytes]
 
 
@@ -34,8 +34,8 @@ class QuantizedWeight:
         for seg in segments:
             if seg.qtype not in QUANT_FORMATS:
                 raise ValueError(f"{seg.qtype} blocks cannot be computed with (formats: {', '.join(QUANT_FORMATS)})")
-            type_id, block_bytes = QUANT_FORMATS[seg.qtype]
-            if in_features % 32 or seg.blocks.shape[1] != in_features // 32 * block_bytes:
+            fmt = QUANT_FORMATS[seg.qtype]
+            if in_features % fmt.block_weights or seg.blocks.shape[1] != fmt.row_bytes(in_features):
                 raise ValueError(f"{seg.qtype} rows of {seg.blocks.shape[1]} bytes do not hold {in_features} weights")
         self.segments = [QuantSegment(s.qtype, s.blocks.contiguous()) for s in segments]
         self.in_features = in_features

@@ -5,6 +5,13 @@
 // Q5_0 {fp16 d; 32 high bits; nibbles}: w = d * (q - 16); Q5_1 {fp16 d, m; high bits; nibbles}: w = d * q + m;
 // Q8_0 {fp16 d; 32 int8}: w = d * q. Nibble byte j holds weight j (low) and weight j + 16 (high); high bit i
 // of the 32-bit field belongs to weight i.
+// K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q4_K, Q5_K: 6-bit scale and min per sub-block,
+// packed in 12 bytes; w = d * sc * q - dmin * mn) or 16 sub-blocks of 16 (Q6_K: int8 scale; w = d * sc * (q - 32)).
+// Q4_K {fp16 d, dmin; scales[12]; qs[128]}: bytes 32c..32c+31 hold sub-block 2c (low nibbles) and 2c+1 (high).
+// Q5_K {fp16 d, dmin; scales[12]; qh[32]; qs[128]}: as Q4_K, plus bit j of qh[l] as bit 4 of weight l of
+// sub-block j. Q6_K {ql[128]; qh[64]; int8 scales[16]; fp16 d}: per half n of 128 weights, ql[64n..] low
+// nibbles then high nibbles give the low 4 bits of weights 0..63 then 64..127, qh[32n + l]'s bit pairs the top
+// 2 bits of weights l, l + 32, l + 64, l + 96.
 //
 // Decode (a few input rows): each input row is quantized once per call to int16 blocks of 32 (scale =
 // max|x| / 32767), then every weight block is dotted with it in integers (AVX2 madd: 16 products per
@@ -29,8 +36,9 @@
 
 namespace {
 
-enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };  // ggml's type ids
-constexpr int QK = 32;
+enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's ids
+constexpr int QK = 32;     // weights per block; also the input rows' quantization block
+constexpr int QK_K = 256;  // weights per K-quant super-block
 
 int block_bytes(int t) {
   switch (t) {
@@ -39,9 +47,15 @@ int block_bytes(int t) {
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
     default: return 0;
   }
 }
+
+bool is_k_quant(int t) { return t == Q4_K || t == Q5_K || t == Q6_K; }
+int block_weights(int t) { return is_k_quant(t) ? QK_K : QK; }
 
 #if !defined(__F16C__)
 float fp16_to_fp32(uint16_t h) {
@@ -99,6 +113,53 @@ float half_at(const uint8_t* p) {
     }
     q[j] = static_cast<int8_t>(lo - offset);
     q[j + 16] = static_cast<int8_t>(hi - offset);
+  }
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block, from its 12 packed bytes.
+void scale_min_k4(const uint8_t* q, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// A K-quant super-block as 256 integer weights, a scale per 16 weights and an offset per 32: w = scale * q + off.
+// The scales are rounded as the gguf package rounds them (d * sc, then times q), so dequantization is exact.
+void kblock_ints(int t, const uint8_t* b, int8_t* q, float* scale, float* off) {
+  if (t == Q6_K) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_at(b + 208);
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, q += 128) {
+      for (int l = 0; l < 32; ++l) {
+        q[l] = static_cast<int8_t>(((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32);
+        q[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
+        q[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+        q[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      }
+    }
+    for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(sc[g]);
+    for (int j = 0; j < 8; ++j) off[j] = 0.0f;
+    return;
+  }
+  const float d = half_at(b), dmin = half_at(b + 2);
+  const uint8_t* qs = b + (t == Q4_K ? 16 : 48);
+  const uint8_t* qh = b + 16;  // Q5_K only
+  for (int j = 0; j < 8; ++j) {
+    int sc, mn;
+    scale_min_k4(b + 4, j, &sc, &mn);
+    scale[2 * j] = scale[2 * j + 1] = d * static_cast<float>(sc);
+    off[j] = -(dmin * static_cast<float>(mn));
+    const uint8_t* p = qs + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) {
+      int v = (j % 2 == 0) ? (p[l] & 0x0f) : (p[l] >> 4);
+      if (t == Q5_K) v |= ((qh[l] >> j) & 1) << 4;
+      q[32 * j + l] = static_cast<int8_t>(v);
+    }
   }
 }
 
@@ -212,6 +273,76 @@ float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s) + offset_sum;
 }
+// 32 int8 weights in two halves of 16 with their own float scales (input scale included), into acc.
+inline __m256 dot_halves(__m256i w, const int16_t* qx, float s0, float s1, __m256 acc) {
+  const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+  const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+  const __m256i d0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
+  const __m256i d1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16)));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0), acc);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(s1), acc);
+}
+
+// bit j of each byte of v as 0x10.
+inline __m256i bit_as_16(__m256i v, int j) {
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// One weight row of nsb K-quant super-blocks dotted with one quantized input row.
+float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
+  const int bb = block_bytes(t);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+  __m256 acc = _mm256_setzero_ps();
+  float offset_sum = 0.0f;  // sum of the sub-blocks' offsets times sum(x) (Q4_K, Q5_K)
+  for (int sb = 0; sb < nsb; ++sb, w += bb) {
+    const int16_t* qx = x.q.data() + sb * QK_K;
+    const float* xs = x.scale.data() + sb * 8;
+    if (t == Q6_K) {
+      const float d = half_at(w + 208);
+      const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4))};
+        for (int k = 0; k < 4; ++k) {
+          const int b = 4 * n + k;  // the input block (32 weights: sub-blocks 2b and 2b + 1)
+          const __m256i qs = _mm256_sub_epi8(q[k], _mm256_set1_epi8(32));
+          acc = dot_halves(qs, qx + 32 * b, d * sc[2 * b] * xs[b], d * sc[2 * b + 1] * xs[b], acc);
+        }
+      }
+      continue;
+    }
+    const float d = half_at(w), dmin = half_at(w + 2);
+    const uint8_t* qs = w + (t == Q4_K ? 16 : 48);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));  // Q5_K's high bits
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      __m256i q[2] = {_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4)};
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * c + h;
+        if (t == Q5_K) q[h] = _mm256_or_si256(q[h], bit_as_16(qh, j));
+        int sc, mn;
+        scale_min_k4(w + 4, j, &sc, &mn);
+        const __m256i dot = dot_block<false>(q[h], qx + 32 * j);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * static_cast<float>(sc) * xs[j]), acc);
+        offset_sum -= dmin * static_cast<float>(mn) * x.sum[sb * 8 + j];
+      }
+    }
+  }
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s) + offset_sum;
+}
 #else
 float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
   const int bb = block_bytes(t);
@@ -226,20 +357,39 @@ float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
   }
   return total;
 }
+float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
+  const int bb = block_bytes(t);
+  float total = 0.0f;
+  int8_t q[QK_K];
+  float scale[16], off[8];
+  for (int sb = 0; sb < nsb; ++sb, w += bb) {
+    kblock_ints(t, w, q, scale, off);
+    for (int g = 0; g < 16; ++g) {
+      const int b = sb * 8 + g / 2;
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) s += static_cast<int32_t>(q[16 * g + l]) * x.q[sb * QK_K + 16 * g + l];
+      total += scale[g] * x.scale[b] * static_cast<float>(s);
+    }
+    for (int j = 0; j < 8; ++j) total += off[j] * x.sum[sb * 8 + j];
+  }
+  return total;
+}
 #endif
 
 constexpr int ROWS_PER_INDEX = 16;  // weight rows per pool index
 
 template <typename T>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, T* out, int64_t ldo) {
-  const int nb = K / QK;
+  const bool k_quant = is_k_quant(t);
+  const int nb = K / block_weights(t);
   std::vector<QRow> qx(M);
   for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
   pagedserve::parallel_for((N + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
     const int n0 = static_cast<int>(i) * ROWS_PER_INDEX, n1 = std::min(N, n0 + ROWS_PER_INDEX);
     for (int n = n0; n < n1; ++n) {
       const uint8_t* row = w + n * row_bytes;
-      for (int m = 0; m < M; ++m) pagedserve::store(out + m * ldo + n, dot_row(t, row, qx[m], nb));
+      for (int m = 0; m < M; ++m)
+        pagedserve::store(out + m * ldo + n, k_quant ? dot_row_k(t, row, qx[m], nb) : dot_row(t, row, qx[m], nb));
     }
   });
   return 0;
@@ -270,6 +420,15 @@ inline void store8(uint16_t* out, __m256 v) {
 template <typename T>
 void dequant_row(int t, const uint8_t* w, int K, T* out) {
   const int bb = block_bytes(t);
+  if (is_k_quant(t)) {
+    int8_t q[QK_K];
+    float scale[16], off[8];
+    for (int sb = 0; sb < K / QK_K; ++sb, w += bb, out += QK_K) {
+      kblock_ints(t, w, q, scale, off);
+      for (int i = 0; i < QK_K; ++i) pagedserve::store(out + i, scale[i / 16] * static_cast<float>(q[i]) + off[i / 32]);
+    }
+    return;
+  }
   for (int b = 0; b < K / QK; ++b, w += bb) {
     float d, m;
 #if defined(__AVX2__)
@@ -300,14 +459,15 @@ void dequant(const uint8_t* w, int t, int64_t row_bytes, const int64_t* rows, in
   });
 }
 
-bool supported(int t, int K) { return block_bytes(t) != 0 && K % QK == 0 && K > 0; }
+bool supported(int t, int K) { return block_bytes(t) != 0 && K % block_weights(t) == 0 && K > 0; }
+int64_t row_bytes_of(int t, int K) { return static_cast<int64_t>(K / block_weights(t)) * block_bytes(t); }
 
 }  // namespace
 
 // out[m, n] (row stride ldo) = sum_k x[m, k] * w[n, k], w given as N rows of row_bytes of blocks of type t.
 extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out,
                        int64_t ldo, int is_bf16) {
-  if (!supported(t, K) || M < 1 || N < 1 || row_bytes != static_cast<int64_t>(K / QK) * block_bytes(t)) return 1;
+  if (!supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   if (is_bf16)
     return qlinear(static_cast<const uint16_t*>(x), wb, t, M, N, K, row_bytes, static_cast<uint16_t*>(out), ldo);
@@ -317,7 +477,7 @@ extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K,
 // out[r, :] = dequantized weight row rows[r] (rows null: row r), r < n.
 extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* rows, int n, int K, void* out,
                         int is_bf16) {
-  if (!supported(t, K) || n < 0 || row_bytes != static_cast<int64_t>(K / QK) * block_bytes(t)) return 1;
+  if (!supported(t, K) || n < 0 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   if (is_bf16)
     dequant(wb, t, row_bytes, rows, n, K, static_cast<uint16_t*>(out));

@@ -1,20 +1,33 @@
 """GGUF quantized blocks on CPU through the compiled kernel (quant.cpp): few-row linear layers computed from
 the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
 
-Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks of 32 weights, as a .gguf file stores
-them. The reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
+Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks (32 weights; 256 for the K-quants), as a
+.gguf file stores them. The reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
 """
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
 from kernels.cpu.build import load_kernel
 
-# ggml type name -> (ggml type id, bytes per block of 32 weights): the formats quant.cpp computes with.
-FORMATS = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q5_0": (6, 22), "Q5_1": (7, 24), "Q8_0": (8, 34)}
-BLOCK = 32
+
+@dataclass(frozen=True)
+class QuantFormat:
+    type_id: int        # ggml's type id
+    block_weights: int  # 32, or 256 for the K-quants' super-blocks
+    block_bytes: int
+
+    def row_bytes(self, in_features: int) -> int:
+        return in_features // self.block_weights * self.block_bytes
+
+
+# ggml type name -> format: the formats quant.cpp computes with.
+FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0": QuantFormat(6, 32, 22),
+           "Q5_1": QuantFormat(7, 32, 24), "Q8_0": QuantFormat(8, 32, 34), "Q4_K": QuantFormat(12, 256, 144),
+           "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -28,7 +41,7 @@ class QuantKernel:
         M, K = x.shape
         if out.stride(1) != 1 or out.dtype != x.dtype:
             raise ValueError("out must have unit column stride and the dtype of x")
-        status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype][0], M, blocks.shape[0], K,
+        status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype].type_id, M, blocks.shape[0], K,
                                   blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16))
         if status != 0:
             raise ValueError(f"the quantized linear kernel rejected {qtype} blocks {tuple(blocks.shape)} for "
@@ -41,7 +54,7 @@ class QuantKernel:
             rows = rows.to(torch.int64).contiguous()
         n = blocks.shape[0] if rows is None else rows.numel()
         out = torch.empty(n, K, dtype=dtype)
-        status = self.lib.qdequant(blocks.data_ptr(), FORMATS[qtype][0], blocks.stride(0),
+        status = self.lib.qdequant(blocks.data_ptr(), FORMATS[qtype].type_id, blocks.stride(0),
                                    None if rows is None else rows.data_ptr(), n, K, out.data_ptr(),
                                    int(dtype == torch.bfloat16))
         if status != 0:
