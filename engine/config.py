@@ -9,7 +9,7 @@ from engine.default_model import DEFAULT_MODEL
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
-QUANTIZATION_CHOICES = ("auto", "gguf", "none")
+QUANTIZATION_CHOICES = ("auto", "gguf", "none", "q8_0", "q4_0")
 
 
 def cpu_auto_dtype() -> str:

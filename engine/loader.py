@@ -4,7 +4,8 @@ Weights are read tensor by tensor from (possibly sharded) safetensors, or dequan
 from a GGUF file (engine.gguf_loader), and copied straight into our modules under their Hugging Face
 names; q/k/v and gate/up are fused on the way in. No transformers model object is ever built. With
 --quantization gguf (the default for a .gguf file on CPU) the linear layers and the embedding table whose
-tensors are in a format the CPU kernel computes with keep their blocks instead (engine/layers/quantized.py).
+tensors are in a format the CPU kernel computes with keep their blocks instead (engine/layers/quantized.py);
+--quantization q8_0 / q4_0 quantizes a float checkpoint's into blocks at load (engine/quantize.py).
 """
 from __future__ import annotations
 
@@ -232,7 +233,7 @@ def kept_quantized(file: gguf_loader.GGUFFile, model: LlamaForCausalLM) -> froze
 
 
 def resolve_quantization(quantization: str, path: Path, device: torch.device) -> str:
-    """'gguf' or 'none' for this model and device ('auto': gguf for a .gguf file on CPU)."""
+    """'gguf', 'none', 'q8_0' or 'q4_0' for this model and device ('auto': gguf for a .gguf file on CPU)."""
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}.")
     is_gguf = gguf_loader.is_gguf(path)
@@ -244,6 +245,11 @@ def resolve_quantization(quantization: str, path: Path, device: torch.device) ->
     if quantization == "gguf" and device.type != "cpu":
         raise ValueError("--quantization gguf computes with the blocks on CPU only; on CUDA a GGUF file is "
                          "dequantized into --dtype at load (use --quantization none or auto).")
+    if quantization in ("q8_0", "q4_0") and is_gguf:
+        raise ValueError(f"--quantization {quantization} quantizes a float checkpoint at load; a .gguf file keeps "
+                         f"its own blocks (use --quantization gguf, or none to dequantize it).")
+    if quantization in ("q8_0", "q4_0") and device.type != "cpu":
+        raise ValueError(f"--quantization {quantization} computes with blocks on CPU only (use none on CUDA).")
     return quantization
 
 
@@ -317,6 +323,9 @@ def load(model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_po
     files = weight_files(model_dir)
     model = _empty_model(cfg, dtype, device, max_position)
     load_weights(model, files)
+    if quantization in ("q8_0", "q4_0"):
+        from engine.quantize import quantize_model  # gguf and kernels/ only when asked for
+        quantize_model(model, quantization)
     _finish(model, device)
     tokenizer = load_tokenizer(model_dir)
     defaults, gen_eos = generation_defaults(model_dir)

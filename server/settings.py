@@ -115,7 +115,8 @@ OPTIONS: tuple[Option, ...] = (
     _engine("device", str, "cpu, cuda, cuda:N or auto."),
     _engine("dtype", str, "Weights and activations dtype.", ("auto", "float32", "float16", "bfloat16")),
     _engine("quantization", str, "gguf: a .gguf file's quantized tensors stay blocks and are computed with on CPU; "
-            "none: dequantized into --dtype at load; auto (default): gguf for a .gguf file on CPU.",
+            "none: dequantized into --dtype at load; q8_0 / q4_0: a float checkpoint's linear layers and embedding "
+            "quantized at load on CPU; auto (default): gguf for a .gguf file on CPU.",
             QUANTIZATION_CHOICES),
     _engine("max_model_len", _optional_int, "Longest prompt + completion in tokens (default: the model's)."),
     _engine("max_num_seqs", int, "Most sequences in one batch."),
