@@ -5,19 +5,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.cpu_dtype import cpu_auto_dtype
 from engine.default_model import DEFAULT_MODEL
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_CHOICES = ("auto", "gguf", "none", "q8_0", "q4_0")
-
-
-def cpu_auto_dtype() -> str:
-    """bf16 where the CPU multiplies bf16 matrices faster than fp32 ones: with AMX tiles. With AVX-512 BF16
-    alone (no AMX) oneDNN's bf16 GEMMs ran at about half of MKL's fp32 speed on our Xeon (docs/benchmarks.md),
-    so fp32 is the faster choice there."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    return "bfloat16" if amx() else "float32"
 
 
 @dataclass(frozen=True)

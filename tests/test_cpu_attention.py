@@ -76,13 +76,26 @@ def test_unsupported_dtype_falls_back_to_the_reference():
     assert_matches_reference(batch, 1e-3)
 
 
-@pytest.mark.parametrize("amx,expected", [(True, "bfloat16"), (False, "float32")])
-def test_auto_dtype_and_backend_on_cpu(monkeypatch, amx, expected):
-    from engine.config import EngineConfig
+@pytest.mark.parametrize("vendor,flags,expected", [
+    ("GenuineIntel", "avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16"),
+    ("GenuineIntel", "avx512f avx512_bf16", "float32"),
+    ("AuthenticAMD", "avx512f avx512_bf16", "bfloat16"),
+    ("AuthenticAMD", "avx2 fma", "float32"),
+    ("GenuineIntel", "avx2 fma", "float32"),
+])
+def test_auto_dtype_per_cpu_kind(vendor, flags, expected):
+    from engine.cpu_dtype import CpuKind, auto_dtype
 
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    dtype, why = auto_dtype(CpuKind(vendor, frozenset(flags.split())))
+    assert dtype == expected and why
+
+
+def test_auto_dtype_and_backend_on_cpu():
+    from engine.config import EngineConfig
+    from engine.cpu_dtype import auto_dtype, this_cpu
+
     cfg = EngineConfig(device="cpu").resolved()
-    assert (cfg.dtype, cfg.attention_backend) == (expected, "cpu")
+    assert (cfg.dtype, cfg.attention_backend) == (auto_dtype(this_cpu())[0], "cpu")
     assert EngineConfig(device="cpu", dtype="float32").resolved().dtype == "float32"
 
 

@@ -88,6 +88,18 @@ def test_linear_in_bf16_and_into_a_column_slice():
     assert out[:, :5].eq(0).all() and out[:, 45:].eq(0).all()
 
 
+@pytest.mark.parametrize("m", [1, quantized.MAX_KERNEL_ROWS + 1])
+def test_bf16_inputs_give_fp32_outputs_when_asked(m):
+    """The LM head's logits: the kernel's fp32 sums are kept, not rounded to bf16 (steps of 1/16 at |x| ~ 16)."""
+    blocks = quantized_blocks("Q8_0", 40, 64, seed=7)
+    qw = QuantizedWeight([QuantSegment("Q8_0", blocks)], 64)
+    x = torch.randn(m, 64).bfloat16()
+    out = qw.linear(x, None, torch.float32)
+    ref = x.float() @ dequantize_reference(blocks, "Q8_0", 64).T
+    assert out.dtype == torch.float32
+    assert (out - ref).abs().max() <= 2e-4 * ref.abs().max()     # the input rounding only, no bf16 output
+
+
 @pytest.mark.parametrize("m", [0, 1, 7, quantized.MAX_KERNEL_ROWS + 1])
 def test_fused_weight_of_two_formats(m):
     """q/k/v or gate/up fused from tensors stored in different formats: one segment each."""
@@ -150,8 +162,12 @@ def test_model_weight_bytes_gauge():
     assert 'pagedserve_model_weight_bytes{model_name="m"} 1.23456789e+08' in generate_latest(metrics.registry).decode()
 
 
-def test_default_model_answers_the_readme_question(smollm2_gguf):
-    llm = smollm2_gguf
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_model_answers_the_readme_question(smollm2_gguf, smollm2_file, dtype):
+    """Also in bf16 (what --dtype auto picks on AMX and AMD AVX512_BF16 CPUs): the first token is a near tie
+    ("The" 0.08 ahead of "L" in fp32), which bf16-rounded logits turned into an exact tie."""
+    llm = smollm2_gguf if dtype == "float32" else LLM(model=str(smollm2_file), device="cpu", dtype=dtype,
+                                                       max_model_len=256, max_num_seqs=4, quantization="gguf")
     ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16))

@@ -102,4 +102,6 @@ class ParallelLMHead(ColumnParallelLinear):
         self.vocab_size = vocab_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ps.all_gather_last_dim(super().forward(x))[..., :self.vocab_size]
+        # From blocks the logits come out in fp32 (the kernel sums in fp32): none are lost to bf16 rounding.
+        logits = super().forward(x) if self.qweight is None else self.qweight.linear(x, None, torch.float32)
+        return ps.all_gather_last_dim(logits)[..., :self.vocab_size]

@@ -50,14 +50,17 @@ class QuantizedWeight:
     def format(self) -> str:
         return "+".join(dict.fromkeys(s.qtype for s in self.segments))
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x @ W^T + bias in x's dtype, or in out_dtype (fp32 logits from bf16 activations: rounding logits to
+        bf16 steps of 1/16..1/8 ties near-equal tokens)."""
+        out_dtype = out_dtype or x.dtype
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:      # e.g. the LM head of a step whose prefill chunks all end mid-prompt
-            return x.new_empty(*x.shape[:-1], self.out_features)
+            return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
         if self.kernel is not None and rows.shape[0] <= MAX_KERNEL_ROWS and rows.dtype in (torch.float32,
                                                                                             torch.bfloat16):
             rows = rows.contiguous()
-            out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=out_dtype)
             col = 0
             for seg in self.segments:
                 n = seg.blocks.shape[0]
@@ -66,7 +69,9 @@ class QuantizedWeight:
             if bias is not None:
                 out += bias
             return out.reshape(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.dequantize(x.dtype), bias)
+        if out_dtype != x.dtype:
+            x, bias = x.to(out_dtype), None if bias is None else bias.to(out_dtype)
+        return F.linear(x, self.dequantize(out_dtype), bias)
 
     def dequantize(self, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The whole weight, or its rows `rows` (an embedding lookup), as floats of dtype."""

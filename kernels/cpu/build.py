@@ -91,7 +91,7 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.cpu_rope.restype = i
     lib.cpu_rope.argtypes = [p, p, p, p, i64, i, i, i, i64, i64, i64, p, p, f, i]
     lib.qlinear.restype = i
-    lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i]
+    lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i, i]
     lib.qdequant.restype = i
     lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
     return lib

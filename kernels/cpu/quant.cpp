@@ -378,8 +378,8 @@ float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
 
 constexpr int ROWS_PER_INDEX = 16;  // weight rows per pool index
 
-template <typename T>
-int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, T* out, int64_t ldo) {
+template <typename T, typename O>
+int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
   const bool k_quant = is_k_quant(t);
   const int nb = K / block_weights(t);
   std::vector<QRow> qx(M);
@@ -465,13 +465,17 @@ int64_t row_bytes_of(int t, int K) { return static_cast<int64_t>(K / block_weigh
 }  // namespace
 
 // out[m, n] (row stride ldo) = sum_k x[m, k] * w[n, k], w given as N rows of row_bytes of blocks of type t.
+// x is bf16 when is_bf16, out when out_bf16 (else fp32): bf16 activations may ask for fp32 outputs (logits).
 extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out,
-                       int64_t ldo, int is_bf16) {
+                       int64_t ldo, int is_bf16, int out_bf16) {
   if (!supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
-  if (is_bf16)
-    return qlinear(static_cast<const uint16_t*>(x), wb, t, M, N, K, row_bytes, static_cast<uint16_t*>(out), ldo);
-  return qlinear(static_cast<const float*>(x), wb, t, M, N, K, row_bytes, static_cast<float*>(out), ldo);
+  const auto* xb = static_cast<const uint16_t*>(x);
+  const auto* xf = static_cast<const float*>(x);
+  auto* ob = static_cast<uint16_t*>(out);
+  auto* of = static_cast<float*>(out);
+  if (is_bf16) return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo) : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo);
+  return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo) : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo);
 }
 
 // out[r, :] = dequantized weight row rows[r] (rows null: row r), r < n.

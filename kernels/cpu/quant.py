@@ -37,12 +37,14 @@ class QuantKernel:
 
     def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
-        [M, N] with any row stride (a column slice of a fused output)."""
+        [M, N] (fp32/bf16: fp32 keeps the kernel's fp32 sums of bf16 inputs) with any row stride (a column slice
+        of a fused output)."""
         M, K = x.shape
-        if out.stride(1) != 1 or out.dtype != x.dtype:
-            raise ValueError("out must have unit column stride and the dtype of x")
+        if out.stride(1) != 1 or out.dtype not in DTYPES:
+            raise ValueError("out must be fp32 or bf16 with unit column stride")
         status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype].type_id, M, blocks.shape[0], K,
-                                  blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16))
+                                  blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16),
+                                  int(out.dtype == torch.bfloat16))
         if status != 0:
             raise ValueError(f"the quantized linear kernel rejected {qtype} blocks {tuple(blocks.shape)} for "
                              f"{K} input features")
