@@ -217,131 +217,114 @@ inline __m256i high_bits(const uint8_t* p) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-inline int32_t hsum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
-
-// sum over the block of 32 weights (bytes, in order; unsigned or signed) times the int16 qx, as 8 int32 lanes.
-template <bool SIGNED>
-inline __m256i dot_block(__m256i w, const int16_t* qx) {
-  const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
-  const __m256i w0 = SIGNED ? _mm256_cvtepi8_epi16(lo) : _mm256_cvtepu8_epi16(lo);
-  const __m256i w1 = SIGNED ? _mm256_cvtepi8_epi16(hi) : _mm256_cvtepu8_epi16(hi);
-  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
-  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16));
-  return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-}
-
-// One weight row (nb blocks) dotted with one quantized input row.
-float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
-  const int bb = block_bytes(t);
-  __m256 acc = _mm256_setzero_ps();
-  float offset_sum = 0.0f;  // sum of m * sum(x) (Q4_1, Q5_1)
-  for (int b = 0; b < nb; ++b, w += bb) {
-    const int16_t* qx = x.q.data() + b * QK;
-    const float d = half_at(w) * x.scale[b];
-    __m256i dot;
-    switch (t) {
-      case Q8_0: {
-        dot = dot_block<true>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2)), qx);
-        break;
-      }
-      case Q4_0:
-        dot = dot_block<false>(nibbles(w + 2), qx);
-        dot = _mm256_sub_epi32(dot, _mm256_setr_epi32(8 * x.isum[b], 0, 0, 0, 0, 0, 0, 0));
-        break;
-      case Q4_1:
-        dot = dot_block<false>(nibbles(w + 4), qx);
-        offset_sum += half_at(w + 2) * x.sum[b];
-        break;
-      case Q5_0:
-        dot = dot_block<false>(_mm256_or_si256(nibbles(w + 6), high_bits(w + 2)), qx);
-        dot = _mm256_sub_epi32(dot, _mm256_setr_epi32(16 * x.isum[b], 0, 0, 0, 0, 0, 0, 0));
-        break;
-      default:  // Q5_1
-        dot = dot_block<false>(_mm256_or_si256(nibbles(w + 8), high_bits(w + 4)), qx);
-        offset_sum += half_at(w + 2) * x.sum[b];
-        break;
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc);
-  }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s) + offset_sum;
-}
-// 32 int8 weights in two halves of 16 with their own float scales (input scale included), into acc.
-inline __m256 dot_halves(__m256i w, const int16_t* qx, float s0, float s1, __m256 acc) {
-  const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-  const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-  const __m256i d0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
-  const __m256i d1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16)));
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0), acc);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(s1), acc);
-}
-
 // bit j of each byte of v as 0x10.
 inline __m256i bit_as_16(__m256i v, int j) {
   const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// One weight row of nsb K-quant super-blocks dotted with one quantized input row.
-float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
-  const int bb = block_bytes(t);
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
-  __m256 acc = _mm256_setzero_ps();
-  float offset_sum = 0.0f;  // sum of the sub-blocks' offsets times sum(x) (Q4_K, Q5_K)
-  for (int sb = 0; sb < nsb; ++sb, w += bb) {
-    const int16_t* qx = x.q.data() + sb * QK_K;
-    const float* xs = x.scale.data() + sb * 8;
-    if (t == Q6_K) {
-      const float d = half_at(w + 208);
-      const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-      for (int n = 0; n < 2; ++n) {
-        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
-        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4))};
-        for (int k = 0; k < 4; ++k) {
-          const int b = 4 * n + k;  // the input block (32 weights: sub-blocks 2b and 2b + 1)
-          const __m256i qs = _mm256_sub_epi8(q[k], _mm256_set1_epi8(32));
-          acc = dot_halves(qs, qx + 32 * b, d * sc[2 * b] * xs[b], d * sc[2 * b + 1] * xs[b], acc);
-        }
-      }
-      continue;
-    }
-    const float d = half_at(w), dmin = half_at(w + 2);
-    const uint8_t* qs = w + (t == Q4_K ? 16 : 48);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));  // Q5_K's high bits
-    for (int c = 0; c < 4; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-      __m256i q[2] = {_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4)};
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * c + h;
-        if (t == Q5_K) q[h] = _mm256_or_si256(q[h], bit_as_16(qh, j));
-        int sc, mn;
-        scale_min_k4(w + 4, j, &sc, &mn);
-        const __m256i dot = dot_block<false>(q[h], qx + 32 * j);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * static_cast<float>(sc) * xs[j]), acc);
-        offset_sum -= dmin * static_cast<float>(mn) * x.sum[sb * 8 + j];
-      }
-    }
+// The block's 32 integer weights (offset removed) as bytes, with its scale d and offset m.
+inline __m256i block_bytes_avx2(int t, const uint8_t* w, float* d, float* m) {
+  *d = half_at(w);
+  *m = (t == Q4_1 || t == Q5_1) ? half_at(w + 2) : 0.0f;
+  switch (t) {
+    case Q8_0: return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    case Q4_0: return _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8));
+    case Q4_1: return nibbles(w + 4);
+    case Q5_0: return _mm256_sub_epi8(_mm256_or_si256(nibbles(w + 6), high_bits(w + 2)), _mm256_set1_epi8(16));
+    default: return _mm256_or_si256(nibbles(w + 8), high_bits(w + 4));  // Q5_1
   }
+}
+
+// 32 consecutive weights of a block as signed bytes: w = d0 * q (first 16) or d1 * q (last 16), plus m.
+struct Chunk {
+  __m256i q;
+  float d0, d1, m;
+};
+
+// The chunks of one block: 1 for the 32-weight formats, 8 for a K-quant super-block.
+int decode_block(int t, const uint8_t* w, Chunk* c) {
+  if (!is_k_quant(t)) {
+    c->q = block_bytes_avx2(t, w, &c->d0, &c->m);
+    c->d1 = c->d0;
+    return 1;
+  }
+  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+  if (t == Q6_K) {
+    const float d = half_at(w + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * n + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * n));
+      const __m256i lows[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * k), low2), 4);
+        const int b = 4 * n + k;  // sub-blocks 2b and 2b + 1
+        c[b] = {_mm256_sub_epi8(_mm256_or_si256(lows[k], high), _mm256_set1_epi8(32)), d * sc[2 * b],
+                d * sc[2 * b + 1], 0.0f};
+      }
+    }
+    return 8;
+  }
+  const float d = half_at(w), dmin = half_at(w + 2);
+  const uint8_t* qs = w + (t == Q4_K ? 16 : 48);
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));  // Q5_K's high bits
+  for (int j = 0; j < 8; ++j) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
+    __m256i q = _mm256_and_si256(j % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), low4);
+    if (t == Q5_K) q = _mm256_or_si256(q, bit_as_16(qh, j));
+    int sc, mn;
+    scale_min_k4(w + 4, j, &sc, &mn);
+    c[j] = {q, d * static_cast<float>(sc), d * static_cast<float>(sc), -(dmin * static_cast<float>(mn))};
+  }
+  return 8;
+}
+
+inline float hsum(__m256 acc) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s) + offset_sum;
+  return _mm_cvtss_f32(s);
+}
+
+// One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
+// costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
+// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once.
+template <int R>
+void dot_rows(int t, const uint8_t* w, const QRow* x, int K, float* out) {
+  const int bb = block_bytes(t), nblocks = K / block_weights(t);
+  __m256 acc[R];
+  float offset[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offset[r] = 0.0f;
+  }
+  Chunk chunks[8];
+  for (int blk = 0, b = 0; blk < nblocks; ++blk, w += bb) {
+    const int n = decode_block(t, w, chunks);
+    for (int j = 0; j < n; ++j, ++b) {
+      const Chunk& c = chunks[j];
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c.q));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c.q, 1));
+      for (int r = 0; r < R; ++r) {
+        const int16_t* qx = x[r].q.data() + 32 * b;
+        const __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
+        const __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16)));
+        const float xs = x[r].scale[b];
+        if (c.d0 == c.d1) {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(c.d0 * xs), acc[r]);
+        } else {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(c.d0 * xs), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(c.d1 * xs), acc[r]);
+        }
+        offset[r] += c.m * x[r].sum[b];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offset[r];
 }
 #else
 float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
@@ -374,41 +357,45 @@ float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
   }
   return total;
 }
+
+template <int R>
+void dot_rows(int t, const uint8_t* w, const QRow* x, int K, float* out) {
+  for (int r = 0; r < R; ++r)
+    out[r] = is_k_quant(t) ? dot_row_k(t, w, x[r], K / QK_K) : dot_row(t, w, x[r], K / QK);
+}
 #endif
 
 constexpr int ROWS_PER_INDEX = 16;  // weight rows per pool index
 
+// Rows of input processed together against each weight row: one block decode serves all of them.
+constexpr int ROWS_PER_DECODE = 4;
+
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
-  const bool k_quant = is_k_quant(t);
-  const int nb = K / block_weights(t);
   std::vector<QRow> qx(M);
   for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
   pagedserve::parallel_for((N + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
     const int n0 = static_cast<int>(i) * ROWS_PER_INDEX, n1 = std::min(N, n0 + ROWS_PER_INDEX);
-    for (int n = n0; n < n1; ++n) {
-      const uint8_t* row = w + n * row_bytes;
-      for (int m = 0; m < M; ++m)
-        pagedserve::store(out + m * ldo + n, k_quant ? dot_row_k(t, row, qx[m], nb) : dot_row(t, row, qx[m], nb));
+    float res[ROWS_PER_DECODE];
+    // input rows outermost: a few of them and this index's weight rows stay in L1 together
+    for (int m0 = 0; m0 < M; m0 += ROWS_PER_DECODE) {
+      const int R = std::min(ROWS_PER_DECODE, M - m0);
+      for (int n = n0; n < n1; ++n) {
+        const uint8_t* row = w + n * row_bytes;
+        switch (R) {
+          case 4: dot_rows<4>(t, row, &qx[m0], K, res); break;
+          case 3: dot_rows<3>(t, row, &qx[m0], K, res); break;
+          case 2: dot_rows<2>(t, row, &qx[m0], K, res); break;
+          default: dot_rows<1>(t, row, &qx[m0], K, res); break;
+        }
+        for (int r = 0; r < R; ++r) pagedserve::store(out + static_cast<int64_t>(m0 + r) * ldo + n, res[r]);
+      }
     }
   });
   return 0;
 }
 
 #if defined(__AVX2__)
-// The block's 32 integer weights (offset removed) as bytes, with its scale d and offset m.
-inline __m256i block_bytes_avx2(int t, const uint8_t* w, float* d, float* m) {
-  *d = half_at(w);
-  *m = (t == Q4_1 || t == Q5_1) ? half_at(w + 2) : 0.0f;
-  switch (t) {
-    case Q8_0: return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    case Q4_0: return _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8));
-    case Q4_1: return nibbles(w + 4);
-    case Q5_0: return _mm256_sub_epi8(_mm256_or_si256(nibbles(w + 6), high_bits(w + 2)), _mm256_set1_epi8(16));
-    default: return _mm256_or_si256(nibbles(w + 8), high_bits(w + 4));  // Q5_1
-  }
-}
-
 inline void store8(float* out, __m256 v) { _mm256_storeu_ps(out, v); }
 inline void store8(uint16_t* out, __m256 v) {
   alignas(32) float f[8];
