@@ -2,6 +2,7 @@
 
     python benchmarks/vs_vllm_cpu.py --model /work/models/smollm2-hf --vllm-python /work/venvs/vllm/bin/python
     python benchmarks/vs_vllm_cpu.py ... --workloads batch64 --dtypes bfloat16 --out /tmp/vs_vllm.json
+    python benchmarks/vs_vllm_cpu.py ... --pagedserve-model FILE.gguf    # pagedserve on the quantized file
 
 Each (engine, dtype) runs in a fresh process of its own, one after the other, so neither competes with
 the other for cores or memory. vLLM runs from its own virtualenv (`--vllm-python`; see
@@ -215,6 +216,9 @@ def print_row(row: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory (both engines read it)")
+    p.add_argument("--pagedserve-model", default=None,
+                   help="what pagedserve loads instead of --model: e.g. the .gguf file the checkpoint was dequantized "
+                        "from, computed from its blocks (--quantization gguf)")
     p.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python", help="python of vLLM's virtualenv")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of {WORKLOADS}")
     p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {DTYPES}")
@@ -248,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
             json.dump(specs, f)
             f.flush()
             for dtype in args.dtypes.split(","):
-                res = {e: spawn(sys.executable if e == "pagedserve" else args.vllm_python, e, args.model, dtype,
+                ours = args.pagedserve_model or args.model
+                res = {e: spawn(sys.executable if e == "pagedserve" else args.vllm_python, e,
+                                ours if e == "pagedserve" else args.model, dtype,
                                 f.name, args.threads, len(specs)) if e in engines
                        else [{"error": "not run"}] * len(specs) for e in ("pagedserve", "vllm")}
                 for i, name in enumerate(group):
