@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp"))
-HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h"))
+HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h"))
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
