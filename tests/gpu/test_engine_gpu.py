@@ -66,3 +66,22 @@ def test_kv_cache_is_sized_from_free_memory(path):
     used = total - free
     assert eng.num_kv_blocks > 1000
     assert used <= 0.55 * total   # the cache fills up to about the requested fraction, not beyond
+
+
+def test_gguf_file_is_dequantized_into_the_dtype_on_cuda(tmp_path):
+    """On CUDA a .gguf file is dequantized at load (--quantization auto -> none): the same greedy tokens as the
+    file dequantized on CPU in fp32, no blocks kept, and --quantization gguf is refused there."""
+    from engine.tiny_model import build_checkpoint
+    from tests.gguf_files import write_gguf
+
+    ckpt = build_checkpoint(tmp_path / "hf", "llama", seed=1, hidden_size=256, head_dim=64, intermediate_size=512)
+    path = write_gguf(ckpt, tmp_path / "m-Q8_0.gguf", "llama", "Q8_0")
+    prompts = random_prompts(1000, [5, 40], seed=23)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    gpu = LLM(model=str(path), device="cuda", dtype="float32", attention_backend="triton")
+    assert gpu.engine.info.weight_format == "float32"
+    cpu = LLM(model=str(path), device="cpu", dtype="float32", quantization="none")
+    got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
+    assert got == [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
+    with pytest.raises(ValueError, match="CPU only"):
+        LLM(model=str(path), device="cuda", quantization="gguf")
