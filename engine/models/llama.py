@@ -21,6 +21,7 @@ from engine.layers.linear import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from engine.layers.native_decoder import NativeDecoder
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
@@ -109,6 +110,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, full_config.vocab_size)
         self.max_position = max_position
+        self.native: NativeDecoder | None = None   # quantized layers in one native call each (CPU kernels)
 
     def init_rotary(self, device: torch.device) -> None:
         """Built after the weights are loaded (the module is created on the meta device)."""
@@ -124,9 +126,11 @@ class LlamaForCausalLM(nn.Module):
         self._use_fused(norm=norm, activation=activation, rope=rope)
 
     def use_cpu_kernels(self, ops: CpuOps, small_batch: SmallBatchLinear | None) -> None:
-        """Swap norm and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
+        """Swap norm, SiLU-and-mul and RoPE (+ Qwen3 q/k norm) for their compiled CPU kernels and, with small_batch, route
         every linear layer's few-row products (decode steps) to the CPU kernel."""
-        self._use_fused(norm=ops, rope=ops, small_batch=small_batch)
+        self._use_fused(norm=ops, activation=ops, rope=ops, small_batch=small_batch)
+        if NativeDecoder.supports(self):
+            self.native = NativeDecoder(self)
 
     def _use_fused(self, norm: object = None, activation: object = None, rope: object = None,
                    small_batch: SmallBatchLinear | None = None) -> None:
@@ -147,8 +151,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
         self.rotary.prepare(positions)
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
+        if self.native is not None and self.native.applies(hidden):
+            hidden, residual = self.native.forward(hidden, positions, meta)
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

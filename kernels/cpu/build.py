@@ -1,7 +1,8 @@
 """Builds the native CPU kernels of this folder once per machine into one library and loads it with ctypes.
 
 The sources (pool.cpp: the thread pool; attention.cpp: paged attention; linear.cpp: the small-batch linear;
-ops.cpp: fused norm and RoPE; quant.cpp: linear layers and embedding rows from GGUF quantized blocks) are
+ops.cpp: fused norm, RoPE and SiLU-and-mul; quant.cpp: linear layers and embedding rows from GGUF quantized
+blocks; layer.cpp: a quantized decoder layer in one call) are
 plain C++ (no torch headers), so they compile in a few seconds; they are compiled with -march=native for
 the CPU it runs on (so each picks its AVX-512 / AVX2 / scalar path for that CPU) and cached under the
 pagedserve cache dir ($PAGEDSERVE_CACHE, else ~/.cache/pagedserve, as the engine's), keyed by the sources,
@@ -24,7 +25,8 @@ import torch
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp"))
+SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp",
+                                           "layer.cpp"))
 HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h"))
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
@@ -88,6 +90,8 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.linear_small_m.argtypes = [p, p, p, p, i, i, i, i]
     lib.cpu_rms_norm.restype = i
     lib.cpu_rms_norm.argtypes = [p, p, p, p, p, i64, i, i64, f, i]
+    lib.cpu_silu_and_mul.restype = i
+    lib.cpu_silu_and_mul.argtypes = [p, p, i64, i, i64, i]
     lib.cpu_rope.restype = i
     lib.cpu_rope.argtypes = [p, p, p, p, i64, i, i, i, i64, i64, i64, p, p, f, i]
     lib.qlinear.restype = i

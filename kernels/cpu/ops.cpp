@@ -1,5 +1,5 @@
-// The small per-layer ops of a CPU forward, fused: RMSNorm (with the residual add) and RoPE (with Qwen3's
-// per-head q/k RMSNorm), in fp32 or bf16, with the rounding points of the torch reference (layers/norm.py,
+// The small per-layer ops of a CPU forward, fused: RMSNorm (with the residual add), RoPE (with Qwen3's
+// per-head q/k RMSNorm) and SiLU-and-multiply, in fp32 or bf16, with the rounding points of the torch reference (layers/norm.py,
 // layers/rotary.py): a decode step of one sequence spent more time dispatching their ~10 torch ops per layer
 // than computing them. Rows are shared out by the pool of pool.h.
 // Built with the other CPU kernels by kernels/cpu/build.py.
@@ -96,7 +96,30 @@ void rope(T* q, T* k, const int32_t* positions, const float* cos_sin, int64_t to
   });
 }
 
+// out = silu(gate) * up for x = [gate | up] rows, rounded to T after the silu and after the product (torch's
+// F.silu(gate) * up).
+template <typename T>
+void silu_and_mul(const T* x, T* out, int64_t rows, int inter, int64_t x_stride) {
+  for_rows(rows, [&](int64_t r) {
+    const T* g = x + r * x_stride;
+    const T* u = g + inter;
+    T* o = out + r * inter;
+    for (int i = 0; i < inter; ++i) {
+      const float v = load(g + i);
+      store(o + i, round_to<T>(v / (1.0f + std::exp(-v))) * load(u + i));
+    }
+  });
+}
+
 }  // namespace
+
+extern "C" int cpu_silu_and_mul(const void* x, void* out, int64_t rows, int inter, int64_t x_stride, int is_bf16) {
+  if (is_bf16)
+    silu_and_mul(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, inter, x_stride);
+  else
+    silu_and_mul(static_cast<const float*>(x), static_cast<float*>(out), rows, inter, x_stride);
+  return 0;
+}
 
 extern "C" int cpu_rms_norm(const void* x, const void* residual, const void* weight, void* out, void* res_out,
                             int64_t rows, int hidden, int64_t x_stride, float eps, int is_bf16) {

@@ -1,8 +1,8 @@
 """The small per-layer ops of a CPU forward (RMSNorm, residual add, RoPE) as compiled kernels (ops.cpp).
 
 The functions have the signatures of the Triton ones in kernels/ (norm.rms_norm, norm.fused_add_rms_norm,
-rope.apply_rope, rope.qk_norm_rope), so the model plugs them into the same hooks (RMSNorm.fused,
-Attention.fused_rope); the torch code in engine/layers/norm.py and engine/layers/rotary.py stays the reference.
+activation.silu_and_mul, rope.apply_rope, rope.qk_norm_rope), so the model plugs them into the same hooks
+(RMSNorm.fused, SiluAndMul.fused, Attention.fused_rope); the torch code in engine/layers/norm.py and engine/layers/rotary.py stays the reference.
 """
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ class CpuOps:
         self.lib.cpu_rms_norm(rows.data_ptr(), res.data_ptr(), weight.data_ptr(), out.data_ptr(),
                               res_out.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), eps, _is_bf16(x))
         return out, res_out
+
+    # ---- SiLU-and-multiply of the fused gate_up output
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        rows = _rows(x)
+        inter = rows.shape[1] // 2
+        out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)
+        self.lib.cpu_silu_and_mul(rows.data_ptr(), out.data_ptr(), rows.shape[0], inter, rows.stride(0), _is_bf16(x))
+        return out
 
     # ---- RoPE, in place on q [T, Hq, D] and k [T, Hkv, D] (views of the fused qkv output)
     def apply_rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor

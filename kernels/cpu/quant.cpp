@@ -67,19 +67,23 @@ inline float hsum(__m256 acc) {
 // One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
 // costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
 // are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once.
-template <int R>
-void dot_rows(int t, const uint8_t* w, const QRow* x, int K, float* out) {
-  const int bb = block_bytes(t), nblocks = K / block_weights(t);
+// One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
+// costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
+// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once. The format is a template
+// argument so that the block decode inlines into the loop without branches.
+template <int T, int R>
+void dot_rows(const uint8_t* w, const QRow* x, int K, float* out) {
+  constexpr int bb = block_bytes(T), per_block = block_weights(T) / QK;
   __m256 acc[R];
   float offset[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm256_setzero_ps();
     offset[r] = 0.0f;
   }
-  Chunk chunks[8];
-  for (int blk = 0, b = 0; blk < nblocks; ++blk, w += bb) {
-    const int n = decode_block(t, w, chunks);
-    for (int j = 0; j < n; ++j, ++b) {
+  Chunk chunks[per_block];
+  for (int blk = 0, b = 0; blk < K / block_weights(T); ++blk, w += bb) {
+    decode_block(T, w, chunks);
+    for (int j = 0; j < per_block; ++j, ++b) {
       const Chunk& c = chunks[j];
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c.q));
       const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c.q, 1));
@@ -88,13 +92,13 @@ void dot_rows(int t, const uint8_t* w, const QRow* x, int K, float* out) {
         const __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
         const __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16)));
         const float xs = x[r].scale[b];
-        if (c.d0 == c.d1) {
+        if constexpr (T != Q6_K) {  // one scale per 32 weights
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(c.d0 * xs), acc[r]);
         } else {
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(c.d0 * xs), acc[r]);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(c.d1 * xs), acc[r]);
         }
-        offset[r] += c.m * x[r].sum[b];
+        if constexpr (T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K) offset[r] += c.m * x[r].sum[b];
       }
     }
   }
@@ -132,10 +136,9 @@ float dot_row_k(int t, const uint8_t* w, const QRow& x, int nsb) {
   return total;
 }
 
-template <int R>
-void dot_rows(int t, const uint8_t* w, const QRow* x, int K, float* out) {
-  for (int r = 0; r < R; ++r)
-    out[r] = is_k_quant(t) ? dot_row_k(t, w, x[r], K / QK_K) : dot_row(t, w, x[r], K / QK);
+template <int T, int R>
+void dot_rows(const uint8_t* w, const QRow* x, int K, float* out) {
+  for (int r = 0; r < R; ++r) out[r] = is_k_quant(T) ? dot_row_k(T, w, x[r], K / QK_K) : dot_row(T, w, x[r], K / QK);
 }
 #endif
 
@@ -144,8 +147,32 @@ constexpr int ROWS_PER_INDEX = 16;  // weight rows per pool index
 // Rows of input processed together against each weight row: one block decode serves all of them.
 constexpr int ROWS_PER_DECODE = 4;
 
+using DotFn = void (*)(const uint8_t*, const QRow*, int, float*);
+
+template <int T>
+void dot_any(const uint8_t* w, const QRow* x, int K, float* out, int R) {
+  static constexpr DotFn fns[ROWS_PER_DECODE] = {dot_rows<T, 1>, dot_rows<T, 2>, dot_rows<T, 3>, dot_rows<T, 4>};
+  fns[R - 1](w, x, K, out);
+}
+
+using DotAnyFn = void (*)(const uint8_t*, const QRow*, int, float*, int);
+
+DotAnyFn dot_for(int t) {
+  switch (t) {
+    case Q4_0: return dot_any<Q4_0>;
+    case Q4_1: return dot_any<Q4_1>;
+    case Q5_0: return dot_any<Q5_0>;
+    case Q5_1: return dot_any<Q5_1>;
+    case Q8_0: return dot_any<Q8_0>;
+    case Q4_K: return dot_any<Q4_K>;
+    case Q5_K: return dot_any<Q5_K>;
+    default: return dot_any<Q6_K>;
+  }
+}
+
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
+  const DotAnyFn dot = dot_for(t);
   std::vector<QRow> qx(M);
   for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
   pagedserve::parallel_for((N + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
@@ -156,12 +183,7 @@ int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t ro
       const int R = std::min(ROWS_PER_DECODE, M - m0);
       for (int n = n0; n < n1; ++n) {
         const uint8_t* row = w + n * row_bytes;
-        switch (R) {
-          case 4: dot_rows<4>(t, row, &qx[m0], K, res); break;
-          case 3: dot_rows<3>(t, row, &qx[m0], K, res); break;
-          case 2: dot_rows<2>(t, row, &qx[m0], K, res); break;
-          default: dot_rows<1>(t, row, &qx[m0], K, res); break;
-        }
+        dot(row, &qx[m0], K, res, R);
         for (int r = 0; r < R; ++r) pagedserve::store(out + static_cast<int64_t>(m0 + r) * ldo + n, res[r]);
       }
     }

@@ -27,7 +27,7 @@ enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K =
 constexpr int QK = 32;     // weights per block; also the input rows' quantization block
 constexpr int QK_K = 256;  // weights per K-quant super-block
 
-int block_bytes(int t) {
+constexpr int block_bytes(int t) {
   switch (t) {
     case Q4_0: return 18;
     case Q4_1: return 20;
@@ -41,8 +41,8 @@ int block_bytes(int t) {
   }
 }
 
-bool is_k_quant(int t) { return t == Q4_K || t == Q5_K || t == Q6_K; }
-int block_weights(int t) { return is_k_quant(t) ? QK_K : QK; }
+constexpr bool is_k_quant(int t) { return t == Q4_K || t == Q5_K || t == Q6_K; }
+constexpr int block_weights(int t) { return is_k_quant(t) ? QK_K : QK; }
 
 #if !defined(__F16C__)
 float fp16_to_fp32(uint16_t h) {
@@ -178,7 +178,7 @@ inline __m256i bit_as_16(__m256i v, int j) {
 }
 
 // The block's 32 integer weights (offset removed) as bytes, with its scale d and offset m.
-inline __m256i block_bytes_avx2(int t, const uint8_t* w, float* d, float* m) {
+inline __attribute__((always_inline)) __m256i block_bytes_avx2(int t, const uint8_t* w, float* d, float* m) {
   *d = half_at(w);
   *m = (t == Q4_1 || t == Q5_1) ? half_at(w + 2) : 0.0f;
   switch (t) {
@@ -197,7 +197,7 @@ struct Chunk {
 };
 
 // The chunks of one block: 1 for the 32-weight formats, 8 for a K-quant super-block.
-int decode_block(int t, const uint8_t* w, Chunk* c) {
+inline __attribute__((always_inline)) int decode_block(int t, const uint8_t* w, Chunk* c) {
   if (!is_k_quant(t)) {
     c->q = block_bytes_avx2(t, w, &c->d0, &c->m);
     c->d1 = c->d0;
