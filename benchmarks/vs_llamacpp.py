@@ -58,10 +58,11 @@ def free_port() -> int:
 class Server:
     """A server process on a free port, its output in a temporary log."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, timeout: float = 600.0) -> None:
+    def __init__(self, name: str, cmd: list[str], port: int, timeout: float = 600.0, env: dict | None = None) -> None:
         self.name, self.url = name, f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{name}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=HERE.parent)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=HERE.parent,
+                                     env=None if env is None else {**os.environ, **env})
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
@@ -164,7 +165,8 @@ def main() -> None:
 
     port = free_port()
     ours = Server("pagedserve", [sys.executable, "-P", "-m", "server", "serve", "--model", a.model, "--port", str(port),
-                                 "--no-access-log", *a.pagedserve_args.split()], port)
+                                 "--no-access-log", *a.pagedserve_args.split()], port,
+                  env={"PYTHONPATH": str(HERE.parent)})     # this checkout's code (-P: not benchmarks/'s)
     try:
         info = httpx.get(ours.url + "/tokenizer_info").json()
         eos = httpx.post(ours.url + "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}

@@ -15,7 +15,7 @@
 
 #include "dtypes.h"
 #include "pool.h"
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -50,6 +50,46 @@ inline void axpy(float* __restrict y, const float* __restrict x, float a, int n)
     return;
   }
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+#elif defined(__AVX2__)
+// The same with AVX2 (head_dim a multiple of 8): CPUs without AVX-512 (AMD before Zen 4, older Intel).
+inline float dot(const float* __restrict x, const float* __restrict y, int n) {
+  if (n % 8 == 0) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  }
+  float s = 0.f;
+  for (int i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+inline void axpy(float* __restrict y, const float* __restrict x, float a, int n) {
+  if (n % 8 == 0) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (int i = 0; i < n; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    return;
+  }
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+// exp of 8 lanes, as exp16 below: 2^n * e^r, degree-6 polynomial, inputs clamped to [-87, 88].
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #else
 inline float dot(const float* __restrict x, const float* __restrict y, int n) {
@@ -86,6 +126,11 @@ inline void rows_of(const uint16_t* cache, const int64_t* off, int nk, int D, fl
     for (; d + 16 <= D; d += 16) {  // 16 bf16 -> 16 fp32: widen to 32 bits, shift into the high half
       const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d)));
       _mm512_storeu_ps(buf[t] + d, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+#elif defined(__AVX2__)
+    for (; d + 8 <= D; d += 8) {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d)));
+      _mm256_storeu_ps(buf[t] + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
     }
 #endif
     for (; d < D; ++d) buf[t][d] = load(src + d);
@@ -222,10 +267,17 @@ void run_item(const Args& a, const Item& it) {
       }
       const float corr = std::exp(m[r] - mx);
       float sum = 0.f;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+      for (int t = visible; t < KC; ++t) s[t] = NEG;  // lanes past the visible keys: exp gives 0
+      for (int t = 0; t < KC; t += 8)
+        _mm256_storeu_ps(s + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(mx))));
+      for (int t = 0; t < visible; ++t) sum += s[t];
+#else
       for (int t = 0; t < visible; ++t) {
         s[t] = std::exp(s[t] - mx);
         sum += s[t];
       }
+#endif
       l[r] = l[r] * corr + sum;
       m[r] = mx;
       float* ar = acc[r];
