@@ -2,6 +2,7 @@
 
     python benchmarks/gguf_quantized.py                      # the default model (SmolLM2-135M-Instruct Q4_1)
     python benchmarks/gguf_quantized.py --model FILE.gguf --dtypes float32,bfloat16 --repeats 3
+    python benchmarks/gguf_quantized.py --crossover      # kernel vs dequantize + GEMM per row count
 
 Each (quantization, dtype) runs in a fresh process, one after the other, greedy with ignore_eos and prefix
 caching off: a --prompt-tokens prompt of random token ids, TTFT (a max_tokens=1 request) and time per output
@@ -37,6 +38,32 @@ def worker(model: str, quantization: str, dtype: str, prompt_tokens: int, output
             "weight_mb": round(info.model_weight_bytes / 1e6, 1), "weight_format": info.weight_format}
 
 
+def crossover(model: str) -> None:
+    """The first layer's gate_up and down: the blocks kernel against dequantize + torch's GEMM, per input rows
+    (what engine/layers/quantized.py's MAX_KERNEL_ROWS is chosen from)."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine import LLM
+
+    layer = LLM(model=model, device="cpu", dtype="float32", max_model_len=256).engine.model.layers[0]
+
+    def ms(f, n: int) -> float:
+        f()
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        return (time.perf_counter() - t) / n * 1e3
+
+    for name, q in (("gate_up", layer.mlp.gate_up_proj.qweight), ("down", layer.mlp.down_proj.qweight)):
+        for m in (1, 4, 8, 16, 32, 64, 128):
+            x = torch.randn(m, q.in_features)
+            n = max(3, 200 // m)
+            print(json.dumps({"weight": name, "rows": m, "kernel_ms": round(ms(lambda: q.linear(x, None), n), 3),
+                              "dequantize_gemm_ms": round(ms(lambda: F.linear(x, q.dequantize(torch.float32)), n), 3)}),
+                  flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="SmolLM2-135M-Instruct")
@@ -45,8 +72,12 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--crossover", action="store_true", help="kernel vs dequantize + GEMM per row count instead")
     p.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.crossover:
+        crossover(a.model)
+        return
     if a.worker:
         print(json.dumps(worker(a.model, *a.worker, a.prompt_tokens, a.output_tokens, a.repeats)))
         return
