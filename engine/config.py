@@ -96,7 +96,7 @@ class EngineConfig:
             raise ValueError("device 'cuda' was asked for but no CUDA device is available; use --device cpu.")
         dtype = self.dtype
         if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else cpu_auto_dtype()
+            dtype = "bfloat16" if device.startswith("cuda") else cpu_auto_dtype(self._keeps_blocks())
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device.startswith("cuda") else "cpu"
@@ -108,6 +108,16 @@ class EngineConfig:
                 raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} needs {local_ranks} GPUs on "
                                  f"this node but {have} are visible.")
         return replace(self, device=device, dtype=dtype, attention_backend=backend, async_scheduling=overlap)
+
+    def _keeps_blocks(self) -> bool:
+        """Whether the CPU model computes its linear layers from quantized blocks (engine/loader.py)."""
+        from engine.default_model import default_model_file
+        if self.quantization in ("q8_0", "q4_0", "gguf"):
+            return True
+        if self.quantization != "auto":
+            return False
+        return str(self.model).lower().endswith(".gguf") or (self.model == DEFAULT_MODEL
+                                                              and default_model_file() is not None)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -5,6 +5,10 @@ The rule, from measurements on three CPU kinds (docs/benchmarks.md, "--dtype aut
 - AVX512_BF16 on AMD (Zen 4 / Zen 5): bf16; SmolLM2 at batch 64 ran 2.5x faster than in fp32 on a Zen 5.
 - AVX512_BF16 on Intel without AMX: fp32; oneDNN's bf16 GEMMs ran at about half of MKL's fp32 speed there.
 - neither (AVX2 only): fp32; bf16 is converted in software, a 1536x576 GEMM ran 3-6x slower than in fp32.
+A model whose linear layers are quantized blocks (a .gguf file, --quantization q8_0/q4_0) stays fp32 on every
+CPU: the blocks kernel rounds its inputs to int16 itself, so bf16 activations would only add a rounding, and
+in bf16 a prompt prefilled whole (dequantized GEMMs) and one continued from a cached prefix (the blocks
+kernel) drifted apart within 40 greedy tokens.
 """
 from __future__ import annotations
 
@@ -60,7 +64,8 @@ def auto_dtype(cpu: CpuKind) -> tuple[str, str]:
 
 
 @functools.cache
-def cpu_auto_dtype() -> str:
-    dtype, why = auto_dtype(this_cpu())
+def cpu_auto_dtype(quantized_blocks: bool = False) -> str:
+    dtype, why = ("float32", "quantized blocks: the kernel rounds its inputs to int16 itself") if quantized_blocks \
+        else auto_dtype(this_cpu())
     log.info("--dtype auto on this CPU: %s (%s)", dtype, why)
     return dtype

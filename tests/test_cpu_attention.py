@@ -94,9 +94,12 @@ def test_auto_dtype_and_backend_on_cpu():
     from engine.config import EngineConfig
     from engine.cpu_dtype import auto_dtype, this_cpu
 
-    cfg = EngineConfig(device="cpu").resolved()
+    cfg = EngineConfig(model="tiny-random", device="cpu").resolved()
     assert (cfg.dtype, cfg.attention_backend) == (auto_dtype(this_cpu())[0], "cpu")
     assert EngineConfig(device="cpu", dtype="float32").resolved().dtype == "float32"
+    # quantized blocks keep fp32 activations on every CPU: a .gguf file, or a checkpoint quantized at load
+    assert EngineConfig(model="/m/x.gguf", device="cpu").resolved().dtype == "float32"
+    assert EngineConfig(model="tiny-random", device="cpu", quantization="q8_0").resolved().dtype == "float32"
 
 
 def test_loading_the_kernel_keeps_denormals() -> None:
