@@ -112,12 +112,12 @@ class EngineConfig:
     def _keeps_blocks(self) -> bool:
         """Whether the CPU model computes its linear layers from quantized blocks (engine/loader.py)."""
         from engine.default_model import default_model_file
+        from engine.gguf_loader import is_gguf
         if self.quantization in ("q8_0", "q4_0", "gguf"):
             return True
         if self.quantization != "auto":
             return False
-        return str(self.model).lower().endswith(".gguf") or (self.model == DEFAULT_MODEL
-                                                              and default_model_file() is not None)
+        return is_gguf(self.model) or (self.model == DEFAULT_MODEL and default_model_file() is not None)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -15,9 +15,9 @@ from engine.distributed import parallel_state
 from engine.layers.quantized import MAX_KERNEL_ROWS, QuantizedWeight
 
 
-def _segments(q: QuantizedWeight):
-    from kernels.cpu.layer import Segment
-    return [Segment(s.qtype, s.blocks) for s in q.segments]
+def _projection(q: QuantizedWeight):
+    from kernels.cpu.layer import qlinear
+    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features)
 
 
 class NativeDecoder:
@@ -50,7 +50,7 @@ class NativeDecoder:
 
     def _layer_weights(self) -> list:
         """Built at the first step (the KV cache is bound after the model is built) and again if it moves."""
-        from kernels.cpu.layer import LayerWeights, qlinear
+        from kernels.cpu.layer import LayerWeights
         first = self.model.layers[0].self_attn.attn
         if self._weights is not None and self._cache_ptr == first.k_cache.data_ptr():
             return self._weights
@@ -62,10 +62,10 @@ class NativeDecoder:
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
                 eps=layer.input_layernorm.eps,
-                qkv=qlinear(_segments(attn.qkv_proj.qweight), attn.qkv_proj.qweight.in_features),
-                o=qlinear(_segments(attn.o_proj.qweight), attn.o_proj.qweight.in_features),
-                gate_up=qlinear(_segments(mlp.gate_up_proj.qweight), mlp.gate_up_proj.qweight.in_features),
-                down=qlinear(_segments(mlp.down_proj.qweight), mlp.down_proj.qweight.in_features),
+                qkv=_projection(attn.qkv_proj.qweight),
+                o=_projection(attn.o_proj.qweight),
+                gate_up=_projection(mlp.gate_up_proj.qweight),
+                down=_projection(mlp.down_proj.qweight),
                 k_cache=pa.k_cache.data_ptr(), v_cache=pa.v_cache.data_ptr(), num_heads=pa.num_heads,
                 num_kv_heads=pa.num_kv_heads, head_dim=pa.head_dim, block_size=pa.k_cache.shape[1], scale=pa.scale))
         self._weights, self._cache_ptr = weights, first.k_cache.data_ptr()

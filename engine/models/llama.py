@@ -150,10 +150,10 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
-        self.rotary.prepare(positions)
         if self.native is not None and self.native.applies(hidden):
             hidden, residual = self.native.forward(hidden, positions, meta)
         else:
+            self.rotary.prepare(positions)     # the modules' per-step cos/sin lookup (the native layer reads the table)
             for layer in self.layers:
                 hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)

@@ -83,10 +83,9 @@ int linear(const QLinear& l, const void* x, int64_t M, void* out, int64_t ldo, i
   return 0;
 }
 
-template <typename T>
-T* scratch(std::vector<char>& buf, int64_t elems, int elem) {
+char* scratch(std::vector<char>& buf, int64_t elems, int elem) {
   if (buf.size() < static_cast<size_t>(elems * elem)) buf.resize(elems * elem);
-  return reinterpret_cast<T*>(buf.data());
+  return buf.data();
 }
 
 }  // namespace
@@ -99,12 +98,12 @@ extern "C" int cpu_decoder_layer(const LayerWeights* w, const StepInputs* s, voi
   const int elem = s->is_bf16 ? 2 : 4, H = w->o.out_features;
   const int q_size = w->num_heads * w->head_dim, kv_size = w->num_kv_heads * w->head_dim;
   const int width = w->qkv.out_features, inter = w->down.in_features;
-  char* normed = scratch<char>(normed_buf, T * H, elem);
-  char* qkv = scratch<char>(qkv_buf, T * width, elem);
-  char* q = scratch<char>(q_buf, T * q_size, elem);
-  char* attn = scratch<char>(attn_buf, T * q_size, elem);
-  char* gate_up = scratch<char>(gate_up_buf, T * 2 * inter, elem);
-  char* act = scratch<char>(act_buf, T * inter, elem);
+  char* normed = scratch(normed_buf, T * H, elem);
+  char* qkv = scratch(qkv_buf, T * width, elem);
+  char* q = scratch(q_buf, T * q_size, elem);
+  char* attn = scratch(attn_buf, T * q_size, elem);
+  char* gate_up = scratch(gate_up_buf, T * 2 * inter, elem);
+  char* act = scratch(act_buf, T * inter, elem);
 
   if (first) {
     std::memcpy(residual, hidden, static_cast<size_t>(T * H * elem));

@@ -7,7 +7,6 @@ in must stay alive while the structures are used: the caller keeps them.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 import torch
 
@@ -37,20 +36,15 @@ class StepInputs(ctypes.Structure):
                 ("cu_seqlens_q", _p), ("num_seqs", _i), ("is_bf16", _i)]
 
 
-@dataclass(frozen=True)
-class Segment:
-    qtype: str
-    blocks: torch.Tensor    # uint8 [rows, row_bytes], contiguous
-
-
-def qlinear(segments: list[Segment], in_features: int) -> QLinear:
+def qlinear(segments: list[tuple[str, torch.Tensor]], in_features: int) -> QLinear:
+    """segments: (ggml type name, uint8 blocks [rows, row_bytes]) in row order."""
     if len(segments) > MAX_SEGMENTS:
         raise ValueError(f"a projection of {len(segments)} block segments (at most {MAX_SEGMENTS})")
     q = QLinear(num_segments=len(segments), in_features=in_features,
-                out_features=sum(s.blocks.shape[0] for s in segments))
-    for i, s in enumerate(segments):
-        q.blocks[i], q.qtype[i] = s.blocks.data_ptr(), FORMATS[s.qtype].type_id
-        q.rows[i], q.row_bytes[i] = s.blocks.shape[0], s.blocks.stride(0)
+                out_features=sum(blocks.shape[0] for _, blocks in segments))
+    for i, (qtype, blocks) in enumerate(segments):
+        q.blocks[i], q.qtype[i] = blocks.data_ptr(), FORMATS[qtype].type_id
+        q.rows[i], q.row_bytes[i] = blocks.shape[0], blocks.stride(0)
     return q
 
 
