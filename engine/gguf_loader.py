@@ -28,6 +28,12 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 # Tensor types we dequantize (each checked against transformers' reading of the same bytes in the tests).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _dequantize_only_types() -> tuple[str, ...]:
+    """Types only gguf's reference dequantizer reads (i-quants, ternary, fp4): read with --quantization none."""
+    from gguf.quants import _type_traits
+    return tuple(sorted(t.name for t in _type_traits if t.name not in SUPPORTED_TYPES))
 # llama.cpp tensor name (gguf.TENSOR_NAMES) -> Hugging Face module name
 _HF_NAMES = {
     "TOKEN_EMBD": "model.embed_tokens", "OUTPUT_NORM": "model.norm", "OUTPUT": "lm_head",
@@ -123,8 +129,9 @@ def _gguf_reader_tensor_table(path: Path) -> list[TensorEntry]:
                         t.data.view(np.uint8).reshape(*reversed(t.shape[1:].tolist()), -1)) for t in reader.tensors]
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
-    """Reads and checks the metadata and tensor table; raises ValueError naming the problem."""
+def open_gguf(path: str | Path, dequantize_any: bool = False) -> GGUFFile:
+    """Reads and checks the metadata and tensor table; raises ValueError naming the problem.
+    dequantize_any: also accept the types only gguf's reference dequantizer reads (--quantization none)."""
     from transformers.integrations.gguf import read_gguf_metadata
 
     path = Path(path)
@@ -146,10 +153,15 @@ def open_gguf(path: str | Path) -> GGUFFile:
     file = GGUFFile(path, metadata, tensors)
     if file.arch not in ARCHITECTURES:
         raise ValueError(f"{str(path)!r} holds a {file.arch!r} model; {_supported_line()}.")
+    dequantize_only = _dequantize_only_types()
     for entry in tensors:
-        if entry.qtype.name not in SUPPORTED_TYPES:
-            raise ValueError(f"{str(path)!r}: tensor {entry.name} is stored as {entry.qtype.name}; "
-                             f"{_supported_line()}.")
+        qtype = entry.qtype.name
+        if qtype in dequantize_only and not dequantize_any:
+            raise ValueError(f"{str(path)!r}: tensor {entry.name} is stored as {qtype}, a type the quantized CPU "
+                             f"path (--quantization gguf, the default for a .gguf file) does not compute with; "
+                             f"start with --quantization none to dequantize it into --dtype at load.")
+        if qtype not in SUPPORTED_TYPES and qtype not in dequantize_only:
+            raise ValueError(f"{str(path)!r}: tensor {entry.name} is stored as {qtype}; {_supported_line()}.")
     return file
 
 

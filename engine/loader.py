@@ -54,9 +54,15 @@ def read_json(path: Path) -> dict:
         return json.load(f)
 
 
-def load_model_config(model_dir: Path) -> ModelConfig:
+def load_model_config(model_dir: Path, quantization: str = "none") -> ModelConfig:
+    """The model's config; quantization (resolved) decides which GGUF tensor types are readable."""
     if gguf_loader.is_gguf(model_dir):
-        return ModelConfig.from_hf(gguf_loader.hf_config(gguf_loader.open_gguf(model_dir)))
+        config = gguf_loader.hf_config(gguf_loader.open_gguf(model_dir, dequantize_any=quantization == "none"))
+        try:
+            return ModelConfig.from_hf(config)
+        except KeyError as exc:
+            raise ValueError(f"{str(model_dir)!r} lacks the metadata that gives {exc.args[0]}; is it a complete "
+                             f"llama.cpp model file?") from None
     if not model_dir.is_dir():
         raise ValueError(f"model directory {str(model_dir)!r} does not exist.")
     if not (model_dir / "config.json").is_file():
@@ -300,7 +306,7 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, max_position
               quantization: str = "none") -> LoadedModel:
     """A .gguf file: config, tokenizer and weights (dequantized into `dtype`, or kept as blocks with
     quantization 'gguf') all come from it."""
-    file = gguf_loader.open_gguf(path)
+    file = gguf_loader.open_gguf(path, dequantize_any=quantization == "none")
     cfg = ModelConfig.from_hf(gguf_loader.hf_config(file))
     model = _empty_model(cfg, dtype, device, max_position)
     keep = kept_quantized(file, model) if quantization == "gguf" else frozenset()

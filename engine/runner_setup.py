@@ -36,7 +36,8 @@ def plan_model(config: EngineConfig) -> ModelPlan:
     from engine.default_model import resolve  # the built-in model is built on first use
     cfg = config.resolved()
     resolved = resolve(cfg.model)
-    model_cfg = loader.load_model_config(Path(resolved.path))
+    quantization = loader.resolve_quantization(cfg.quantization, Path(resolved.path), torch.device(cfg.device))
+    model_cfg = loader.load_model_config(Path(resolved.path), quantization)
     max_model_len = _max_model_len(cfg, model_cfg)
     hd = model_cfg.head_dim
     triton_fits = hd & (hd - 1) == 0 and 16 <= hd <= 256

@@ -148,6 +148,34 @@ def test_bad_gguf_files_raise_one_clear_value_error(root, case):
     assert "\n" not in str(info.value)
 
 
+def test_a_type_only_the_reference_dequantizer_reads_needs_quantization_none(root, tmp_path):
+    """MXFP4 has no block kernel: the default refuses it naming --quantization none, which dequantizes it
+    with gguf's reference dequantizer into the same weights as a float checkpoint of the round-tripped values."""
+    from safetensors.torch import load_file, save_file
+    ckpt = _checkpoint(root, "llama", False)
+    path = write_gguf(ckpt, tmp_path / "llama-MXFP4.gguf", "llama", "MXFP4")
+    with pytest.raises(ValueError, match="stored as MXFP4, a type the quantized CPU path .* --quantization none"):
+        LLM(model=str(path), device="cpu")
+    rounded = tmp_path / "rounded-hf"
+    shutil.copytree(ckpt, rounded)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    for name, t in tensors.items():
+        if t.ndim == 2:
+            values = gguf.quants.quantize(t.float().numpy(), Q.MXFP4)
+            tensors[name] = torch.from_numpy(gguf.quants.dequantize(values, Q.MXFP4).copy())
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(rounded / "model.safetensors"))
+    kw = dict(device="cpu", dtype="float32", block_size=4, max_model_len=128)
+    ours = LLM(model=str(path), quantization="none", **kw)
+    ref = LLM(model=str(rounded), **kw)
+    ref_state = ref.engine.model.state_dict()
+    for name, param in ours.engine.model.state_dict().items():
+        assert torch.equal(param, ref_state[name]), name
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    prompts = random_prompts(1000, [3, 17], seed=5)
+    assert ([o.outputs[0].token_ids for o in ours.generate(prompts, params)]
+            == [o.outputs[0].token_ids for o in ref.generate(prompts, params)])
+
+
 def test_upper_case_extension_dispatches_to_gguf(root, tmp_path):
     upper = tmp_path / "Model.GGUF"
     shutil.copyfile(gguf_file(root, "llama", "Q8_0"), upper)
