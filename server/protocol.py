@@ -144,9 +144,9 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("best_of other than n is not supported; leave it out and use n.")
         if self.suffix:
             raise ValueError("suffix is not supported.")
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens must be at least 1; 0 is only allowed with echo: true, which returns "
-                             "the prompt (scored with logprobs) without generating.")
+        if self.max_tokens is not None and self.max_tokens < (0 if self.echo else 1):
+            raise ValueError(f"max_tokens must be at least 1 (0 only with echo: true, which returns the prompt, "
+                             f"scored with logprobs, without generating); got {self.max_tokens}.")
 
     @property
     def engine_prompt_logprobs(self) -> int | None:

@@ -128,3 +128,10 @@ def test_bad_inputs_name_their_field(http, path: str, body: dict, field: str) ->
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and field in error["message"]
+
+
+def test_negative_max_tokens_with_echo_says_what_is_allowed(http) -> None:
+    response = http.post("/v1/completions", json={**GREEDY, "prompt": PROMPT, "max_tokens": -1, "echo": True})
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "0 only with echo" in message and "got -1" in message, message
