@@ -25,7 +25,7 @@ from server.errors import error_response, install_error_handlers, model_not_foun
 from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
 from server.load_report import install_load_route
 from server.logprobs import TokenText
-from server.metrics import CONTENT_TYPE, ServerMetrics
+from server.metrics import CONTENT_TYPE, EndpointLabel, ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.security import install_access_control
 from server.text_work import TextWork
@@ -94,6 +94,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     # Innermost of the server's middleware: every check above still applies to the routes it takes.
     app.add_middleware(DirectRoutes, routes=_direct_routes(), exception_handlers=app.exception_handlers)
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(EndpointLabel)
     install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
     for module in (completions, chat, tokenization):
         app.include_router(module.router)

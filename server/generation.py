@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from engine.output_processor import Choice, ChoiceDelta, RequestProcessor
 from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams
-from server.metrics import RequestRecorder, ServerMetrics
+from server.metrics import RequestRecorder, ServerMetrics, current_endpoint
 
 __all__ = ["ChoiceDelta", "Expired", "GenerationError", "GenerationStream"]
 
@@ -58,7 +58,9 @@ class GenerationStream:
         n = params.n
         self.requests = [RequestProcessor(rid, ids, params, tokenizer, first_index=p * n)
                          for p, (rid, ids) in enumerate(zip(request_ids, prompts))]
-        self.recorders = [RequestRecorder(metrics) for _ in request_ids]
+        endpoint = current_endpoint.get()
+        metrics.count_endpoint_request(endpoint)
+        self.recorders = [RequestRecorder(metrics, endpoint) for _ in request_ids]
         self.choices: list[Choice] = [c for req in self.requests for c in req.choices]
         self._abort = abort
         self._release = release

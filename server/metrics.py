@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST as _CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import EngineStats, RequestTimings
 from server.vllm_metrics import VllmAliasCollector
@@ -35,6 +37,28 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
 _COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+# The HTTP route a generation came in on (set by EndpointLabel for each request): labels its requests and
+# tokens in the per-endpoint counters. Only routes that generate reach them, so the label set stays small.
+current_endpoint: ContextVar[str] = ContextVar("current_endpoint", default="offline")
+
+
+class EndpointLabel:
+    """ASGI middleware: records each HTTP request's path in `current_endpoint`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = current_endpoint.set(scope["path"])
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current_endpoint.reset(token)
 
 
 def token_buckets(max_len: int) -> tuple[float, ...]:
@@ -101,6 +125,13 @@ class ServerMetrics:
         self.model_weight_bytes = gauge("pagedserve_model_weight_bytes",
                                         "Bytes of model weights the engine holds (all ranks summed; quantized "
                                         "blocks at their size).")
+        by_endpoint = ["model_name", "endpoint"]
+        self._endpoint_requests = Counter("pagedserve_endpoint_requests", "Requests that started generating, by "
+                                          "HTTP route.", by_endpoint, registry=r)
+        self._endpoint_prompt_tokens = Counter("pagedserve_endpoint_prompt_tokens", "Prompt tokens of finished "
+                                               "requests, by HTTP route.", by_endpoint, registry=r)
+        self._endpoint_generation_tokens = Counter("pagedserve_endpoint_generation_tokens", "Generated tokens of "
+                                                   "finished requests, by HTTP route.", by_endpoint, registry=r)
         self._seen = EngineStats()
         if vllm_metric_names:
             r.register(VllmAliasCollector(families))
@@ -138,6 +169,13 @@ class ServerMetrics:
         if self._pending_itl:
             itl, self._pending_itl = self._pending_itl, []
             observe_all(self.itl, itl)
+
+    def count_endpoint_request(self, endpoint: str) -> None:
+        self._endpoint_requests.labels(self.model_name, endpoint).inc()
+
+    def count_endpoint_tokens(self, endpoint: str, num_prompt_tokens: int, num_generated: int) -> None:
+        self._endpoint_prompt_tokens.labels(self.model_name, endpoint).inc(num_prompt_tokens)
+        self._endpoint_generation_tokens.labels(self.model_name, endpoint).inc(num_generated)
 
     @property
     def last_stats(self) -> EngineStats:
@@ -180,6 +218,7 @@ class _FlushFirst(Collector):
 class RequestRecorder:
     """Per engine request: turns its deltas into TTFT / ITL / e2e observations, once each."""
     metrics: ServerMetrics
+    endpoint: str = "offline"           # the HTTP route it came in on
     num_generated: int = 0
     last_token_time: float | None = None
     started: bool = False
@@ -209,6 +248,7 @@ class RequestRecorder:
         self.done = True
         m = self.metrics
         m.success[reason if reason in m.success else "error"].inc()
+        m.count_endpoint_tokens(self.endpoint, num_prompt_tokens if self.started else 0, self.num_generated)
         if reason == "abort" or timings is None:
             return
         end = timings.finished_time if timings.finished_time is not None else now

@@ -62,6 +62,27 @@ def test_counts_are_exact(http: httpx.Client) -> None:
     assert [v for _, v in buckets] == sorted(v for _, v in buckets)
     assert buckets[-1][1] == after["pagedserve_request_generation_tokens_count"]
     assert after["pagedserve_num_requests_running"] == 0 and after["pagedserve_num_requests_waiting"] == 0
+    assert grew("pagedserve_endpoint_requests_total{/v1/completions}") == n
+    assert grew("pagedserve_endpoint_prompt_tokens_total{/v1/completions}") == n * p
+    assert grew("pagedserve_endpoint_generation_tokens_total{/v1/completions}") == n * m
+
+
+def test_requests_and_tokens_are_counted_by_endpoint(http: httpx.Client) -> None:
+    before = scrape(http)
+    chat = http.post("/v1/chat/completions", json={"model": MODEL_NAME, "max_tokens": 5, "ignore_eos": True, "n": 2,
+                                                   "messages": [{"role": "user", "content": "hello"}]}).json()
+    text = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 4,
+                                               "ignore_eos": True}).json()
+    after = scrape(http)
+
+    def grew(kind: str, endpoint: str) -> float:
+        key = f"pagedserve_endpoint_{kind}_total{{{endpoint}}}"
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("requests", "/v1/chat/completions") == 1 and grew("requests", "/v1/completions") == 1
+    assert grew("prompt_tokens", "/v1/chat/completions") == chat["usage"]["prompt_tokens"]
+    assert grew("generation_tokens", "/v1/chat/completions") == chat["usage"]["completion_tokens"] == 10
+    assert grew("prompt_tokens", "/v1/completions") == 3 and grew("generation_tokens", "/v1/completions") == 4
 
 
 def test_stop_finishes_are_labelled(http: httpx.Client) -> None:
