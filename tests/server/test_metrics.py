@@ -73,6 +73,7 @@ def test_requests_and_tokens_are_counted_by_endpoint(http: httpx.Client) -> None
                                                    "messages": [{"role": "user", "content": "hello"}]}).json()
     text = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 4,
                                                "ignore_eos": True}).json()
+    assert text["usage"]["completion_tokens"] == 4
     after = scrape(http)
 
     def grew(kind: str, endpoint: str) -> float:
