@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from server.errors import is_anthropic_path
 from server.security import PUBLIC_PATHS
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -28,6 +29,17 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The error shape of the /v1/messages routes."""
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 class Usage(BaseModel):
@@ -124,6 +136,46 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: PromptLogprobs | None = None   # only when the request asked for prompt_logprobs
 
 
+class AnthropicTextOut(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicThinkingOut(BaseModel):
+    """With --reasoning-parser: the reasoning the model wrote before its answer."""
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class AnthropicToolUseOut(BaseModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class AnthropicMessage(BaseModel):
+    """POST /v1/messages' answer (Anthropic's Message)."""
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    content: list[AnthropicTextOut | AnthropicThinkingOut | AnthropicToolUseOut]
+    model: str
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -180,9 +232,10 @@ _WHY = {
 }
 
 
-def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """`responses=` entries for error statuses, all in the OpenAI error envelope."""
-    out: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse, "description": _WHY[code]} for code in codes}
+def errors(*codes: int, anthropic: bool = False) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for error statuses, all in the OpenAI error envelope (or Anthropic's)."""
+    model = AnthropicErrorResponse if anthropic else ErrorResponse
+    out: dict[int | str, dict[str, Any]] = {code: {"model": model, "description": _WHY[code]} for code in codes}
     if 429 in codes:
         out[429]["headers"] = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
     return out
@@ -193,10 +246,19 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
     "type": "string", "description": "A JSON chunk, an in-band error {\"error\": {...}}, or [DONE] (the last event)."}}}
 
 
-def generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    """A JSON body, or with stream=true server-sent events: `data: {chunk}` lines, then `data: [DONE]`."""
-    return {200: {"model": model, "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-            **errors(400, 404, 413, 429, 500, 503, 504)}
+# Anthropic's stream: named events, message_start ... message_stop, no [DONE].
+NAMED_SSE_EVENT = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "description": "message_start, content_block_start, content_block_delta, "
+                                                "content_block_stop, message_delta, message_stop, or error."},
+    "data": {"type": "string", "description": "The event's JSON object; its `type` is the event's name."}}}
+
+
+def generation_responses(model: type[BaseModel], anthropic: bool = False) -> dict[int | str, dict[str, Any]]:
+    """A JSON body, or with stream=true server-sent events: `data: {chunk}` lines, then `data: [DONE]`
+    (Anthropic's routes: named events)."""
+    events = NAMED_SSE_EVENT if anthropic else SSE_EVENT
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": events}}},
+            **errors(400, 404, 413, 429, 500, 503, 504, anthropic=anthropic)}
 
 
 def install_openapi(app: FastAPI, api_key_required: bool) -> None:
@@ -213,15 +275,18 @@ def _build(app: FastAPI, api_key_required: bool) -> dict[str, Any]:
     schemas = components.setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}   # every app has routes that use it
     if api_key_required:
-        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                         "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     for path, operations in schema.get("paths", {}).items():
+        # Every app has routes that use each envelope (the Anthropic one: /v1/messages).
+        error_ref = {"$ref": "#/components/schemas/" + ("AnthropicErrorResponse" if is_anthropic_path(path)
+                                                         else "ErrorResponse")}
         for operation in operations.values():
             responses = operation["responses"]
             responses.pop("422", None)
             if api_key_required and path not in PUBLIC_PATHS:
-                operation["security"] = [{"bearer": []}]
+                operation["security"] = [{"bearer": []}, {"apiKey": []}]
                 responses["401"] = {"description": "Missing or wrong API key.",
                                     "content": {"application/json": {"schema": error_ref}}}
     return schema

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from server.api_schema import ChatCompletionResponse, generation_responses
 from server.chat_output import ChatOutputFormat
-from server.chat_plan import plan_chat
+from server.chat_plan import ChatPlan, plan_chat
 from server.context import ServingContext, get_context, respond, response_id
 from server.generation import ChoiceDelta, GenerationStream
 from server.limits import StrictJSONRoute
@@ -25,17 +25,30 @@ router = APIRouter(route_class=StrictJSONRoute)
              responses=generation_responses(ChatCompletionResponse))
 async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request) -> Response:
     arrival = time.monotonic()
+    request_id = response_id("chatcmpl")
+    plan, stream = await start_chat(raw_request, body, request_id, arrival)
+    view = _ChatView(get_context(raw_request), body, request_id, plan.output)
+    return await respond(raw_request, stream, view, body.stream)
+
+
+async def plan_request(raw_request: Request, body: ChatCompletionRequest, check_length: bool = True) -> ChatPlan:
+    """The request's prompt, constraint and output format. Rendering and tokenizing a big conversation
+    (measured by its body) runs off the event loop."""
+    ctx = get_context(raw_request)
+    return await ctx.text.run(len(await raw_request.body()), plan_chat, body, ctx.tokenizer, ctx.options,
+                              ctx.text.check_prompt_chars if check_length else None)
+
+
+async def start_chat(raw_request: Request, body: ChatCompletionRequest, request_id: str,
+                     arrival: float) -> tuple[ChatPlan, GenerationStream]:
+    """A chat request checked, planned and started in the engine (also what /v1/messages runs)."""
     ctx = get_context(raw_request)
     ctx.check_model(body.model)
     body.validate_request()
-    # Rendering and tokenizing a big conversation (measured by its body) runs off the event loop.
-    plan = await ctx.text.run(len(await raw_request.body()), plan_chat, body, ctx.tokenizer, ctx.options,
-                              ctx.text.check_prompt_chars)
+    plan = await plan_request(raw_request, body)
     params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
                                   plan.constraint, prompt_logprobs=body.prompt_logprobs)
-    view = _ChatView(ctx, body, response_id("chatcmpl"), plan.output)
-    stream = ctx.start(view.id, [plan.prompt], params, arrival)
-    return await respond(raw_request, stream, view, body.stream)
+    return plan, ctx.start(request_id, [plan.prompt], params, arrival)
 
 
 class _ChatView:

@@ -1,7 +1,10 @@
-"""The OpenAI error envelope, and the handlers that turn every failure into one.
+"""The error envelopes, and the handlers that turn every failure into one.
 
 Clients (the openai SDK among them) parse `{"error": {"message", "type", "param", "code"}}`; anything a user
-can cause answers 4xx in that shape, and internal failures answer 500 without a stack trace.
+can cause answers 4xx in that shape, and internal failures answer 500 without a stack trace. The Anthropic
+Messages routes (/v1/messages...) answer in Anthropic's shape instead, `{"type": "error", "error": {"type",
+"message"}}`, with its type names: the anthropic SDK reads those. The shape follows the request's path, so
+that failures met before a route runs (key, Host, body size, validation) are in the route's shape too.
 """
 from __future__ import annotations
 
@@ -29,6 +32,18 @@ _ERROR_TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
+# Anthropic's `type` values (its SDK maps 529 and 503 to overloaded_error).
+_ANTHROPIC_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_PATH = "/v1/messages"
 _MAX_VALIDATION_ERRORS = 5
 
 
@@ -49,6 +64,16 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""
 
 
+def is_anthropic_path(path: str | None) -> bool:
+    """The routes that answer in Anthropic's error shape: /v1/messages and everything under it."""
+    return path is not None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"))
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    err_type = _ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": err_type, "message": message}}
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     err_type = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
@@ -63,8 +88,10 @@ class ErrorJSONResponse(JSONResponse):
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return ErrorJSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, path: str | None = None) -> JSONResponse:
+    """The error in the shape of the route at `path` (the OpenAI envelope unless it is an Anthropic route)."""
+    body = anthropic_error_body(status, message) if is_anthropic_path(path) else error_body(status, message, param, code)
+    return ErrorJSONResponse(body, status_code=status, headers=headers)
 
 
 def model_not_found(name: str) -> APIError:
@@ -87,25 +114,25 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI would answer 422; OpenAI clients expect 400 for a malformed request.
         message, param = _validation_message(exc)
-        return error_response(400, message, param)
+        return error_response(400, message, param, path=request.url.path)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers, path=request.url.path)
 
     @app.exception_handler(ValueError)
-    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
-        return error_response(400, str(exc) or "Invalid request.")
+    async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
+        return error_response(400, str(exc) or "Invalid request.", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None), path=request.url.path)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error while serving a request", exc_info=exc)
-        return error_response(500, "Internal server error.")
+        return error_response(500, "Internal server error.", path=request.url.path)

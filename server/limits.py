@@ -47,12 +47,12 @@ class RequestSizeLimitMiddleware:
         headers = scope["headers"]
         if len(headers) > MAX_HEADERS or sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
             message = f"The request headers exceed {MAX_HEADERS} fields or {MAX_HEADER_BYTES} bytes."
-            await error_response(431, message)(scope, receive, send)
+            await error_response(431, message, path=scope["path"])(scope, receive, send)
             return
         declared = dict(headers).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             # Refused before a byte of the body is read.
-            await error_response(413, _too_large(self.limit))(scope, receive, send)
+            await error_response(413, _too_large(self.limit), path=scope["path"])(scope, receive, send)
             return
         received = 0
 

@@ -5,6 +5,7 @@ The Host allow-list defends a server bound to loopback against DNS rebinding: a 
 name that re-resolves to 127.0.0.1 reaches the server from the victim's browser with `Host: attacker.example`
 (Ollama's CVE-2024-28224). Bound to loopback, only localhost names are answered by default.
 
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
 The key check is plain ASGI and sits outside the routing, so it covers every path the app answers: routes
 added later, the OpenAPI document, unknown paths (no route enumeration without the key). Only /health and
 /metrics stay open, for probes and scrapers.
@@ -23,7 +24,7 @@ from server.errors import error_response
 
 # The probes, and the dashboard page's static files (they hold no data; the page asks for the key).
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
-_UNAUTHORIZED = "Missing or invalid API key: send the header `Authorization: Bearer <key>`."
+_UNAUTHORIZED = "Missing or invalid API key: send the header `Authorization: Bearer <key>` or `x-api-key: <key>`."
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 ANY_HOST = "*"
 
@@ -98,11 +99,12 @@ class HostAllowListMiddleware:
             await self.app(scope, receive, send)
             return
         if name is None:
-            response = error_response(400, "Missing or malformed Host header.", code="invalid_host")
+            response = error_response(400, "Missing or malformed Host header.", code="invalid_host",
+                                      path=scope.get("path"))
         else:
             response = error_response(421, f"Host {name!r} is not served here; allowed: "
                                       f"{', '.join(sorted(self._allowed))} (see --allowed-hosts).",
-                                      code="host_not_allowed")
+                                      code="host_not_allowed", path=scope.get("path"))
         await response(scope, receive, send)
 
 
@@ -118,16 +120,23 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         response = error_response(401, _UNAUTHORIZED, code="invalid_api_key",
-                                  headers={"WWW-Authenticate": "Bearer"})
+                                  headers={"WWW-Authenticate": "Bearer"}, path=scope["path"])
         await response(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, token = header.partition(b" ")
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if self._matches(token.strip()) and scheme.lower() == b"bearer":
+                    return True
+            elif name == b"x-api-key" and self._matches(value.strip()):
+                return True
+        return False
+
+    def _matches(self, token: bytes) -> bool:
         # Digests of equal length compared in constant time: neither the key's length nor how much of it
         # a guess got right shows in the response time.
-        matches = hmac.compare_digest(hashlib.sha256(token.strip()).digest(), self._key_digest)
-        return matches and scheme.lower() == b"bearer"
+        return hmac.compare_digest(hashlib.sha256(token).digest(), self._key_digest)
 
 
 def install_access_control(app: FastAPI, api_key: str | None, allowed_origins: tuple[str, ...],
@@ -139,7 +148,7 @@ def install_access_control(app: FastAPI, api_key: str | None, allowed_origins: t
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], allow_credentials=False, max_age=600)
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"], allow_credentials=False, max_age=600)
     if ANY_HOST not in allowed_hosts:
         app.add_middleware(HostAllowListMiddleware, allowed_hosts=allowed_hosts)
 

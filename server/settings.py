@@ -151,8 +151,8 @@ OPTIONS: tuple[Option, ...] = (
            "stuck (SGLang's watchdog waits as long); none turns the check off."),
     Option("drain_timeout", _non_negative_float, 5.0, "Seconds in-flight requests may take to finish after "
            "SIGTERM/SIGINT; those still running then end with finish_reason abort."),
-    Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` on every route but /health and "
-           "/metrics. Prefer the environment variable: command lines are visible to other users."),
+    Option("api_key", _optional_str, None, "Require `Authorization: Bearer <key>` (or `x-api-key: <key>`) on every route "
+           "but /health and /metrics. Prefer the environment variable: command lines are visible to other users."),
     Option("allowed_origins", parse_origins, (), "Comma-separated browser origins CORS allows (e.g. "
            "https://app.example.com, or *). Default: none."),
     Option("allowed_hosts", parse_allowed_hosts, None, "Comma-separated Host header names answered (any port), or "

@@ -37,6 +37,10 @@ class ChoiceEvents:
     render: Callable[[ChoiceDelta], bytes]
     usage: ChunkFormat | None = None
     with_first_update: bytes = b""
+    # An endpoint with its own framing (Anthropic's Messages): the last bytes instead of the usage chunk
+    # and [DONE], and its own in-band error event.
+    end: Callable[[], bytes] | None = None
+    error: Callable[[GenerationError], bytes] | None = None
 
 
 class StepWriter:
@@ -117,9 +121,15 @@ class SSEResponse(Response):
                 self._pending_first = b""
             if not stream.finished:
                 return piece
+            if events.end is not None:
+                self._last = True
+                return piece + events.end()
             if events.usage is not None:
                 piece += events.usage.usage_event(usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens))
         except GenerationError as exc:
+            self._last = True
+            if events.error is not None:
+                return events.error(exc)
             piece = sse_event(error_body(exc.status, f"Generation failed: {exc}."))
         self._last = True
         return piece + DONE
