@@ -4,11 +4,13 @@ configured origins; the settings read the key from PAGEDSERVE_API_KEY."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from unittest.mock import ANY
 
 import pytest
 from fastapi.testclient import TestClient
 
 from server.cli import build_parser
+from server.errors import is_anthropic_path
 from server.security import PUBLIC_PATHS
 from server.settings import resolve_settings
 from tests.server.fakes import scripted_client
@@ -25,7 +27,10 @@ BAD_CREDENTIALS = {
     "key plus suffix": {"Authorization": f"Bearer {KEY}x"},
     "basic scheme": {"Authorization": f"Basic {KEY}"},
     "no scheme": {"Authorization": KEY},
-    "other header": {"X-Api-Key": KEY},
+    "other header": {"X-Token": KEY},
+    "wrong x-api-key": {"X-Api-Key": "nope"},
+    "x-api-key prefix": {"X-Api-Key": KEY[:-1]},
+    "bearer in x-api-key": {"X-Api-Key": f"Bearer {KEY}"},
 }
 
 
@@ -60,16 +65,21 @@ def test_every_route_but_the_probes_needs_the_key(client: TestClient) -> None:
                 continue
             assert response.status_code == 401, (method, path, name)
             assert response.headers["www-authenticate"] == "Bearer"
-            assert_valid(response.json(), "ErrorResponse")
+            if is_anthropic_path(path):      # Anthropic's routes answer in its shape
+                assert response.json()["error"] == {"type": "authentication_error", "message": ANY}
+            else:
+                assert_valid(response.json(), "ErrorResponse")
             assert KEY not in response.text
-        assert client.request(method, path, headers=GOOD, json={}).status_code != 401, (method, path)
+        for good in (GOOD, {"X-Api-Key": KEY}):
+            assert client.request(method, path, headers=good, json={}).status_code != 401, (method, path)
 
 
 def test_the_key_opens_the_api(client: TestClient) -> None:
     models = client.get("/v1/models", headers=GOOD)
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "scripted"
     doc = client.get("/openapi.json", headers=GOOD).json()
-    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"},
+                                                    "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
 
 
 def test_cors_admits_only_the_configured_origin(client: TestClient) -> None:
