@@ -5,7 +5,7 @@ matching, dependency solving) cost these two routes about 120 µs of CPU per req
 what the request costs in Python, and it wraps every streamed chunk's `send` in two more coroutines. A
 burst of requests (hundreds of clients connecting at once) waits on exactly that CPU.
 
-So these two routes are taken here, by plain ASGI inside the server's own middleware (Host, CORS, API key,
+So these routes are taken here, by plain ASGI inside the server's own middleware (Host, CORS, API key,
 size limits all still apply): the same checks StrictJSONRoute makes (a JSON Content-Type, the strict JSON
 parser), the same pydantic request model, the same endpoint functions, and failures rendered by the app's
 own exception handlers. The routes stay declared in FastAPI, which documents them (OpenAPI) and answers
