@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from server.protocol import ChatCompletionRequest, ChatMessage
 from server.structured_request import FunctionDefinition, FunctionName, NamedToolChoice, Tool
 
-_BLOCK_TYPES = ("text", "tool_use", "tool_result")
-_BLOCKS_OF = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking")
+_BLOCKS_OF = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking")}
 # A failed tool call reaches the model as its text with this in front: chat templates have no error flag.
 TOOL_ERROR_PREFIX = "Error: "
 
@@ -54,8 +54,16 @@ class AnthropicToolResultBlock(_Strict):
         return TOOL_ERROR_PREFIX + text if self.is_error else text
 
 
-AnthropicBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
-                           Field(discriminator="type")]
+class AnthropicThinkingBlock(_Strict):
+    """An earlier answer's reasoning (with --reasoning-parser), sent back with it. Anthropic leaves the
+    thinking of earlier turns out of the prompt; so does this server."""
+    type: Literal["thinking"]
+    thinking: StrictStr
+    signature: StrictStr | None = None
+
+
+AnthropicBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock
+                           | AnthropicThinkingBlock, Field(discriminator="type")]
 
 
 def _join(blocks: list[AnthropicTextBlock]) -> str:
@@ -194,6 +202,8 @@ def _chat_turn(message: AnthropicMessageParam, called: set[str], where: str) -> 
             raise ValueError(f"{where}.content[{j}]: a {message.role} message may not hold a {block.type} block.")
         if isinstance(block, AnthropicTextBlock):
             texts.append(block.text)
+        elif isinstance(block, AnthropicThinkingBlock):
+            continue
         elif isinstance(block, AnthropicToolUseBlock):
             called.add(block.id)
             calls.append({"id": block.id, "type": "function",

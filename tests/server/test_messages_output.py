@@ -65,13 +65,15 @@ def test_blocks_from_deltas_in_order() -> None:
 
 
 def test_a_conversation_becomes_chat_messages() -> None:
+    """Tool results become tool messages, calls tool_calls; earlier thinking stays out (as Anthropic's does)."""
     body = MessagesRequest.model_validate({
         "model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}],
         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "stop_sequences": ["x"],
         "metadata": {"user_id": "u"},
         "messages": [{"role": "user", "content": "Q"},
-                     {"role": "assistant", "content": [{"type": "text", "text": "Let me see."},
+                     {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": ""},
+                                                       {"type": "text", "text": "Let me see."},
                                                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True,
                                                    "content": [{"type": "text", "text": "boom"}]},
