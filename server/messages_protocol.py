@@ -72,7 +72,7 @@ def _join(blocks: list[AnthropicTextBlock]) -> str:
 
 class AnthropicMessageParam(_Strict):
     role: Literal["user", "assistant"]
-    content: StrictStr | list[AnthropicBlock]
+    content: StrictStr | Annotated[list[AnthropicBlock], Field(min_length=1)]
 
     @field_validator("content", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     "a system role in messages": ({"messages": [{"role": "system", "content": "Hi"}]}, "role"),
     "an unknown role": ({"messages": [{"role": "tool", "content": "Hi"}]}, "role"),
     "content missing": ({"messages": [{"role": "user"}]}, "content"),
+    "content an empty list": ({"messages": [{"role": "user", "content": []}]}, "content"),
     "ends with the assistant (prefill)": ({"messages": [{"role": "user", "content": "Hi"},
                                                         {"role": "assistant", "content": "Hel"}]}, "prefill"),
     "an image block": ({"messages": [{"role": "user", "content": [IMAGE]}]}, "image"),
