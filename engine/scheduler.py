@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int          # query length this step
-    samples: bool                # this chunk reaches the end of the sequence, so a token is sampled
+    samples: bool                # this chunk reaches the end of the sequence, so a token is sampled (not for
+                                 # an embedding request: its hidden states are pooled instead)
 
 
 @dataclass
@@ -170,7 +171,8 @@ class Scheduler:
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:
-        return seq.num_computed_tokens + num_new == seq.num_tokens
+        # An embedding request's last chunk is pooled (engine/pooling.py), never sampled.
+        return seq.num_computed_tokens + num_new == seq.num_tokens and seq.request.pooling is None
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free_seq(seq)
