@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from server import chat, completions, faults, tokenization
+from server import chat, completions, embeddings, faults, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine
 from server.chat_plan import ChatOptions
@@ -26,7 +26,7 @@ from server.limits import DEFAULT_MAX_BODY_BYTES, RequestSizeLimitMiddleware
 from server.load_report import install_load_route
 from server.logprobs import TokenText
 from server.metrics import CONTENT_TYPE, ServerMetrics
-from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from server.security import install_access_control
 from server.text_work import TextWork
 from server.tool_prompt import detect_tool_support
@@ -95,7 +95,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     app.add_middleware(DirectRoutes, routes=_direct_routes(), exception_handlers=app.exception_handlers)
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
     install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
-    for module in (completions, chat, tokenization):
+    for module in (completions, chat, embeddings, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
     install_load_route(app)
@@ -108,9 +108,10 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
 
 
 def _direct_routes() -> dict[str, DirectRoute]:
-    """The generation routes, taken below FastAPI's routing (server/direct_routes.py)."""
+    """The generation and embedding routes, taken below FastAPI's routing (server/direct_routes.py)."""
     return {"/v1/completions": DirectRoute(CompletionRequest, completions.create_completion),
-            "/v1/chat/completions": DirectRoute(ChatCompletionRequest, chat.create_chat_completion)}
+            "/v1/chat/completions": DirectRoute(ChatCompletionRequest, chat.create_chat_completion),
+            "/v1/embeddings": DirectRoute(EmbeddingRequest, embeddings.create_embedding)}
 
 
 def _text_of(tokenizer) -> Callable[[list[int]], str]:
