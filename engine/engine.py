@@ -369,6 +369,7 @@ class LLMEngine:
         if not done:
             return
         for (seq, _), data in zip(done, encode_vectors([vector for _, vector in done])):
+            self.block_manager.register_full_blocks(seq)     # its prompt's KV may serve a later request
             self.scheduler.finish(seq, "stop")
             delta = self._delta(deltas, seq.request)
             delta.embedding = data
