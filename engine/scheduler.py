@@ -165,9 +165,10 @@ class Scheduler:
                 f"head of the queue: {head_s}")
 
     def _at_limit(self, seq: Sequence) -> bool:
-        # max_tokens 0 (prompt scoring): the prompt is computed, then the engine finishes the sequence.
-        return (seq.num_computed_tokens >= seq.num_tokens or seq.num_tokens >= self.max_model_len
-                or seq.num_output_tokens >= max(seq.request.max_tokens, 1))
+        # max_tokens 0 (prompt scoring, embeddings): the prompt is computed, then the engine finishes the
+        # sequence; such a prompt may fill the whole context, so the length limits apply to outputs only.
+        return (seq.num_computed_tokens >= seq.num_tokens or (seq.num_output_tokens > 0 and (
+                seq.num_tokens >= self.max_model_len or seq.num_output_tokens >= max(seq.request.max_tokens, 1))))
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:

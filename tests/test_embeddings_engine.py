@@ -187,6 +187,19 @@ def test_abort_mid_prefill_frees_the_blocks(checkpoints) -> None:
     assert_no_leaks(llm)
 
 
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_an_input_that_fills_the_context(checkpoints, pooling: str) -> None:
+    """An input of exactly max_model_len tokens is allowed (nothing is generated after it) and is computed,
+    in chunks too; so is a prompt of that length scored with max_tokens 0 (the same prompt-only path)."""
+    path = checkpoints["llama"]
+    prompt = random_prompts(1000, [64], seed=13)[0]
+    llm = make_llm(path, pooling, max_model_len=64, max_num_batched_tokens=16)
+    assert_close_to_hf(path, [prompt], llm.embed([prompt]), pooling)
+    scored = llm.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    assert scored.outputs[0].finish_reason == "length" and len(scored.prompt_logprobs) == 64
+    assert_no_leaks(llm)
+
+
 def test_bad_requests_are_refused_before_running(checkpoints) -> None:
     llm = make_llm(checkpoints["llama"], "last", max_model_len=64)
     with pytest.raises(ValueError, match="maximum context length is 64 tokens.*embedding"):
