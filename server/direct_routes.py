@@ -1,13 +1,13 @@
-"""POST /v1/completions and /v1/chat/completions, answered below FastAPI's routing.
+"""POST /v1/completions, /v1/chat/completions and /v1/embeddings, answered below FastAPI's routing.
 
 Measured on the front end's event loop: FastAPI's per-request machinery (its middleware layers, route
 matching, dependency solving) cost these two routes about 120 µs of CPU per request, more than half of
 what the request costs in Python, and it wraps every streamed chunk's `send` in two more coroutines. A
 burst of requests (hundreds of clients connecting at once) waits on exactly that CPU.
 
-So these two routes are taken here, by plain ASGI inside the server's own middleware (Host, CORS, API key,
-size limits all still apply): the same checks StrictJSONRoute makes (a JSON Content-Type, the strict JSON
-parser), the same pydantic request model, the same endpoint functions, and failures rendered by the app's
+So these routes, and /v1/embeddings beside them, are taken here, by plain ASGI inside the server's own
+middleware (Host, CORS, API key, size limits all still apply): the same checks StrictJSONRoute makes (a JSON
+Content-Type, the strict JSON parser), the same pydantic request model, the same endpoint functions, and failures rendered by the app's
 own exception handlers. The routes stay declared in FastAPI, which documents them (OpenAPI) and answers
 every request this does not take (another method, a trailing slash).
 """

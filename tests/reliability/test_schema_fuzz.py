@@ -21,8 +21,8 @@ from tests.server.conftest import start_server
 
 API_KEY = "fuzz-key-0123456789"
 SEED = 20261122
-OPERATIONS = 10     # completions, chat, tokenize, detokenize, tokenizer_info, models, model, health, version,
-#                    metrics
+OPERATIONS = 11     # completions, chat, embeddings, tokenize, detokenize, tokenizer_info, models, model, health,
+#                    version, metrics
 
 
 @pytest.fixture(scope="module")
