@@ -8,8 +8,8 @@ burst of requests (hundreds of clients connecting at once) waits on exactly that
 So these routes, and /v1/embeddings beside them, are taken here, by plain ASGI inside the server's own
 middleware (Host, CORS, API key, size limits all still apply): the same checks StrictJSONRoute makes (a JSON
 Content-Type, the strict JSON parser), the same pydantic request model, the same endpoint functions, and
-failures rendered by the app's own exception handlers. The routes stay declared in FastAPI, which documents them (OpenAPI) and answers
-every request this does not take (another method, a trailing slash).
+failures rendered by the app's own exception handlers. The routes stay declared in FastAPI, which documents
+them (OpenAPI) and answers every request this does not take (another method, a trailing slash).
 """
 from __future__ import annotations
 
