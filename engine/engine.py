@@ -238,7 +238,9 @@ class LLMEngine:
                 step.num_prefill_tokens += item.num_new_tokens
                 step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                (sampling if seq.request.max_tokens > 0 else scored_only).append(seq)
+                sampling.append(seq)
+            elif seq.num_computed_tokens == seq.num_tokens and seq.request.pooling is None:
+                scored_only.append(seq)     # max_tokens 0: its prompt is complete (embeddings: engine/pooling.py)
         rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]

@@ -23,7 +23,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int          # query length this step
     samples: bool                # this chunk reaches the end of the sequence, so a token is sampled (not for
-                                 # an embedding request: its hidden states are pooled instead)
+                                 # max_tokens 0: a prompt scored or embedded)
 
 
 @dataclass
@@ -172,8 +172,9 @@ class Scheduler:
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:
-        # An embedding request's last chunk is pooled (engine/pooling.py), never sampled.
-        return seq.num_computed_tokens + num_new == seq.num_tokens and seq.request.pooling is None
+        # max_tokens 0 computes the prompt only: it is scored (prompt_logprobs) or pooled (embeddings), and
+        # nothing is sampled, so its last chunk has no sampling row in the batch.
+        return seq.num_computed_tokens + num_new == seq.num_tokens and seq.request.max_tokens > 0
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free_seq(seq)

@@ -200,6 +200,19 @@ def test_an_input_that_fills_the_context(checkpoints, pooling: str) -> None:
     assert_no_leaks(llm)
 
 
+def test_a_scored_prompt_beside_a_sampled_one_in_one_step(checkpoints) -> None:
+    """Prompt-only requests (max_tokens 0: scored, or embedded) have no sampling row: one batched with a request
+    that samples leaves the sampler its own rows (it used to fail both with an internal error)."""
+    llm = make_llm(checkpoints["llama"], "last")
+    prompts = random_prompts(1000, [10, 12], seed=14)
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    scored, sampled = llm.generate(prompts, [SamplingParams(max_tokens=0, prompt_logprobs=0), greedy])
+    assert scored.outputs[0].finish_reason == "length" and scored.outputs[0].token_ids == []
+    assert len(scored.prompt_logprobs) == 10
+    assert sampled.outputs[0].token_ids == llm.generate([prompts[1]], greedy)[0].outputs[0].token_ids
+    assert_no_leaks(llm)
+
+
 def test_bad_requests_are_refused_before_running(checkpoints) -> None:
     llm = make_llm(checkpoints["llama"], "last", max_model_len=64)
     with pytest.raises(ValueError, match="maximum context length is 64 tokens.*embedding"):
