@@ -11,6 +11,7 @@ from engine.default_model import DEFAULT_MODEL
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 QUANTIZATION_CHOICES = ("auto", "gguf", "none", "q8_0", "q4_0")
+POOLING_TYPES = ("last", "mean")   # how an embedding request pools the final hidden states (engine/pooling.py)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     max_logprobs: int = 20            # most logprobs / prompt_logprobs alternatives a request may ask for
     grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
+    pooling_type: str = "last"        # embedding requests: the last token's final hidden state, or the mean
     # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
     # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
     tensor_parallel_size: int = 1
@@ -54,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}.")
         if self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}; got {self.quantization!r}.")
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}; got {self.pooling_type!r}.")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}.")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_cudagraph_batch"):

@@ -16,6 +16,7 @@ from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
+from engine.pooling import PoolChunk, add_chunk, encode_vectors, plan_pooling
 from engine.request import Request, SeqStatus, Sequence, collect_prompt_logprobs
 from engine.runner_setup import build_runner, plan_model
 from engine.sampler import Sampler, SampleRow
@@ -128,7 +129,8 @@ class LLMEngine:
         params.eos_token_ids = list(self.eos_token_ids)
         n = len(prompt_token_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        req = Request(request_id, list(prompt_token_ids), params, max_tokens)
+        req = Request(request_id, list(prompt_token_ids), params, max_tokens,
+                      pooling=self.config.pooling_type if params.embed else None)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = []
         if arrival_time is not None:
@@ -218,7 +220,8 @@ class LLMEngine:
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
                 item.seq.request.timings.first_scheduled_time = now
-        inputs = self.runner.build_inputs(sched)  # placeholders in it are filled on the device (overlap)
+        pool = plan_pooling(sched.scheduled)      # embedding requests' chunks (before counting them computed)
+        inputs = self.runner.build_inputs(sched, pool)  # placeholders in it are filled on the device (overlap)
         sampling: list[Sequence] = []
         scored: list[tuple[Sequence, range]] = []     # prompt_logprobs, in the runner's row order
         scored_only: list[Sequence] = []              # max_tokens 0: the prompt is done, nothing to sample
@@ -235,7 +238,9 @@ class LLMEngine:
                 step.num_prefill_tokens += item.num_new_tokens
                 step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                (sampling if seq.request.max_tokens > 0 else scored_only).append(seq)
+                sampling.append(seq)
+            elif seq.num_computed_tokens == seq.num_tokens and seq.request.pooling is None:
+                scored_only.append(seq)     # max_tokens 0: its prompt is complete (embeddings: engine/pooling.py)
         rows, counts = [], []
         for seq in sampling:
             family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
@@ -258,7 +263,7 @@ class LLMEngine:
         prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, scored, self.executor.submit(task))
         launched.schedule_s, launched.prepare_s, launched.step = t1 - t0, prepare_s, step
-        launched.scored_only = scored_only
+        launched.scored_only, launched.pool = scored_only, pool
         return launched
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -320,6 +325,8 @@ class LLMEngine:
         for seq in launched.scored_only:
             if seq.status is not SeqStatus.FINISHED:
                 self._finish_scoring(seq, deltas, now)
+        if launched.pool:
+            self._finish_embeddings(launched.pool, result.pooled, deltas, now)
         for delta in deltas.values():
             req = self.requests[delta.request_id]
             if req.finished:
@@ -350,6 +357,27 @@ class LLMEngine:
             delta.seqs.append(SequenceDelta(s.index, [], None, "length"))
         if seq.request.timings.first_token_time is None:
             seq.request.timings.first_token_time = now
+
+    def _finish_embeddings(self, chunks: list[PoolChunk], pooled: torch.Tensor, deltas: dict[str, RequestDelta],
+                           now: float) -> None:
+        """Adds each pooled chunk to its embedding request; a request whose prompt is complete finishes
+        ("stop", its blocks freed) with its vector in its delta (engine/pooling.py)."""
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for chunk, row in zip(chunks, pooled):
+            if chunk.seq.status is not SeqStatus.FINISHED:   # else aborted while the step ran
+                vector = add_chunk(chunk, row)
+                if vector is not None:
+                    done.append((chunk.seq, vector))
+        if not done:
+            return
+        for (seq, _), data in zip(done, encode_vectors([vector for _, vector in done])):
+            self.block_manager.register_full_blocks(seq)     # its prompt's KV may serve a later request
+            self.scheduler.finish(seq, "stop")
+            delta = self._delta(deltas, seq.request)
+            delta.embedding = data
+            delta.seqs.append(SequenceDelta(seq.index, [], None, "stop"))
+            if seq.request.timings.first_token_time is None:
+                seq.request.timings.first_token_time = now
 
     def _check_finish(self, seq: Sequence, tok: int, pos: int) -> None:
         """pos: where tok sits in the sequence (later placeholders may follow it under overlap)."""

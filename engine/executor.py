@@ -16,6 +16,7 @@ import torch
 from engine.distributed.step_channel import StepChannel
 from engine.model_runner import ModelRunner, StepInputs
 from engine.outputs import StepStats
+from engine.pooling import PoolChunk
 from engine.request import Sequence
 from engine.sampler import Sampler, SamplerOutput, SamplingTensors, score_tokens
 from engine.scheduler import SchedulerOutput
@@ -34,6 +35,7 @@ class StepResult:
     forward_s: float
     sample_s: float
     prompt_logprobs: LogprobLists | None = None   # one row per scored prompt position, in launch order
+    pooled: torch.Tensor | None = None       # [num pooled chunks, hidden] fp32 on the device (embeddings)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class LaunchedStep:
     prepare_s: float = 0.0
     step: StepStats | None = None            # what the step computes, for the engine's stats
     scored_only: list[Sequence] = field(default_factory=list)   # max_tokens 0: prompts it completes
+    pool: list[PoolChunk] = field(default_factory=list)         # embedding requests' chunks, in batch order
 
 
 @dataclass
@@ -97,14 +100,16 @@ class StepExecutor:
             num_sampling = task.inputs.logits_indices.shape[0]
             scored = score_tokens(logits[num_sampling:], task.inputs.prompt_target_ids, task.prompt_logprobs)
             prompt_logprobs, logits = _lists(scored), logits[:num_sampling]
+        pooled = task.inputs.pooled
         if task.sampling is None:
-            return StepResult(torch.empty(0, dtype=torch.long), [], None, t1 - t0, 0.0, prompt_logprobs)
+            return StepResult(torch.empty(0, dtype=torch.long), [], None, t1 - t0, 0.0, prompt_logprobs, pooled)
         if task.counts is not None:
             logits = logits.repeat_interleave(task.counts, dim=0)
         out = self.sampler.sample(logits, task.sampling)
         tokens = out.token_ids.tolist()  # the one device->host copy of the step
         logprobs = _lists(out) if out.logprobs is not None else None
-        return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1, prompt_logprobs)
+        return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1, prompt_logprobs,
+                          pooled)
 
     @staticmethod
     def _previous_tokens(task: StepTask) -> torch.Tensor:

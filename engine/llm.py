@@ -12,7 +12,14 @@ from tqdm import tqdm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.output_processor import RequestProcessor
-from engine.outputs import CompletionOutput, RequestDelta, RequestOutput
+from engine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestDelta,
+    RequestOutput,
+)
+from engine.pooling import embedding_params, embedding_values
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -38,13 +45,11 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts, token_prompts = self._prompts(prompts)
         params = (sampling_params if isinstance(sampling_params, list)
                   else [sampling_params or SamplingParams()] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
-        token_prompts = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for ids, p in zip(token_prompts, params):  # the door: refuse the batch before any of it runs
             self.info.check_request(ids, p)
         outputs: dict[str, tuple[RequestOutput, RequestProcessor]] = {}
@@ -64,6 +69,37 @@ class LLM:
             bar.refresh()
         bar.close()
         return [out for out, _ in outputs.values()]
+
+    def embed(self, prompts: Prompt | list[Prompt]) -> list[EmbeddingRequestOutput]:
+        """Each prompt's (text or token ids) embedding: the model's final hidden states pooled as the
+        engine's pooling_type says and L2-normalized, the vectors /v1/embeddings returns. Embedding
+        requests are batched and chunked like any prompt; nothing is generated."""
+        _, token_prompts = self._prompts(prompts)
+        params = embedding_params()
+        for ids in token_prompts:   # the door: refuse the batch before any of it runs
+            self.info.check_request(ids, params)
+        outputs: dict[str, EmbeddingRequestOutput] = {}
+        for ids in token_prompts:
+            rid = f"offline-{next(self._ids)}"
+            self.engine.add_request(rid, ids, params)
+            outputs[rid] = EmbeddingRequestOutput(rid, ids, EmbeddingOutput([]), finished=False)
+        errors = []
+        while self.engine.has_unfinished_requests():
+            for delta in self.engine.step():
+                if delta.error is not None:
+                    errors.append(f"request {delta.request_id}: {delta.error}")
+                elif delta.embedding is not None:
+                    out = outputs[delta.request_id]
+                    out.outputs.embedding, out.finished = embedding_values(delta.embedding), True
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return list(outputs.values())
+
+    def _prompts(self, prompts: Prompt | list[Prompt]) -> tuple[list[Prompt], list[list[int]]]:
+        """One prompt or a list of them -> the list, and each one's token ids."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return prompts, [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
     def _apply(self, out: RequestOutput, processor: RequestProcessor, delta: RequestDelta) -> None:
         if delta.error is not None and delta.error_status < 500:   # e.g. its grammar took too long to compile

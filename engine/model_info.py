@@ -67,7 +67,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
         if n == 0:
             raise ValueError("the prompt is empty; give at least one token.")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len or max_tokens < (0 if params.prompt_logprobs is not None else 1):
+        if params.embed and n > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n} tokens in the input for embedding generation. Please reduce the length of the input.")
+        if n + max_tokens > self.max_model_len or max_tokens < params.min_max_tokens:
             raise ValueError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 0)} tokens ({n} in the prompt, {max(max_tokens, 0)} for the completion). "

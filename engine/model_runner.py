@@ -14,6 +14,7 @@ from engine.attention.base import AttentionMetadata
 from engine.cuda_graphs import GraphRunner
 from engine.layers.attention import make_backend
 from engine.models.llama import LlamaForCausalLM
+from engine.pooling import PoolChunk, pool_fields, pool_rows
 from engine.scheduler import SchedulerOutput
 
 
@@ -31,6 +32,10 @@ class StepInputs:
     fill_dst: torch.Tensor | None = None
     fill_src: torch.Tensor | None = None
     packed: PackedStep | None = None        # the host form, which tensor parallelism sends to the other ranks
+    # Embedding requests (engine/pooling.py): the hidden-state rows pooled, and each chunk's offsets into them
+    pool_rows: torch.Tensor | None = None
+    pool_offsets: torch.Tensor | None = None
+    pooled: torch.Tensor | None = None      # set by forward: [num_pooled_chunks, hidden] fp32, when any
 
 
 @dataclass
@@ -41,7 +46,7 @@ class PackedStep:
     host: torch.Tensor
 
 
-NUM_FIELDS = 11
+NUM_FIELDS = 13
 HEADER_LEN = 5 + NUM_FIELDS
 
 
@@ -71,7 +76,8 @@ class ModelRunner:
             self.graphs = GraphRunner(model, graph_max_batch, max_model_len, block_size, device,
                                       use_graphs=backend == "triton")
 
-    def build_inputs(self, sched: SchedulerOutput) -> StepInputs:
+    def build_inputs(self, sched: SchedulerOutput, pool: list[PoolChunk] | None = None) -> StepInputs:
+        """pool: the chunks of embedding requests whose hidden states this step pools (engine/pooling.py)."""
         items = sched.scheduled
         q_lens = np.fromiter((s.num_new_tokens for s in items), np.int64, len(items))
         starts = np.fromiter((s.seq.num_computed_tokens for s in items), np.int64, len(items))
@@ -102,7 +108,7 @@ class ModelRunner:
         fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
         prompt_rows = np.concatenate(scored_rows) if scored_rows else np.zeros(0, np.int64)
         fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
-                  fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64))
+                  fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64), *pool_fields(pool or []))
         header = np.array([len(items), width, q_lens.max(), seq_lens.max(), (q_lens == 1).all(),
                            *(len(f) for f in fields)], np.int64)
         return self.unpack(PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32))))
@@ -117,7 +123,9 @@ class ModelRunner:
             slot_mapping=parts[2], block_tables=parts[6].view(num_seqs, width), seq_lens=parts[3],
             cu_seqlens_q=parts[4], max_seqlen_q=max_q, max_seqlen_k=max_k, is_decode_only=bool(decode_only))
         fills = (parts[7], parts[8]) if len(parts[7]) else (None, None)
-        return StepInputs(parts[0], parts[1], meta, parts[5], parts[9], parts[10], *fills, packed=packed)
+        pool = (parts[11], parts[12]) if len(parts[12]) else (None, None)
+        return StepInputs(parts[0], parts[1], meta, parts[5], parts[9], parts[10], *fills, packed=packed,
+                          pool_rows=pool[0], pool_offsets=pool[1])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""
@@ -132,12 +140,17 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Runs the model; returns fp32 logits [num_sampling_rows + num_prompt_rows, vocab]: the sampling
-        rows first, then the rows that score prompt tokens (prompt_logprobs)."""
+        rows first, then the rows that score prompt tokens (prompt_logprobs). A step with embedding requests
+        also sets inputs.pooled (it runs eagerly: graphs return logits only)."""
         rows = inputs.logits_indices
         scoring = inputs.prompt_logits_indices.shape[0] > 0
-        if not scoring and self.graphs is not None and self.graphs.can_run(inputs.meta, rows.shape[0]):
+        pooling = inputs.pool_rows is not None
+        if (not scoring and not pooling and self.graphs is not None
+                and self.graphs.can_run(inputs.meta, rows.shape[0])):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        if pooling:
+            inputs.pooled = pool_rows(hidden, inputs.pool_rows, inputs.pool_offsets)
         if scoring:
             rows = torch.cat([rows, inputs.prompt_logits_indices])
         return self.model.compute_logits(hidden[rows])

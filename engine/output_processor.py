@@ -61,6 +61,7 @@ class RequestProcessor:
         self.last_finish_reason = "stop"        # the outcome is that of the last sample to finish
         self.stopped_samples: list[int] = []    # ended by a stop string: the engine must be told to stop them
         self.prompt_logprobs: list[TokenLogprob] | None = None   # entry p scores prompt token p + 1
+        self.embedding: bytes | None = None     # an embedding request's vector (RequestDelta.embedding)
 
     def process(self, delta: RequestDelta) -> list[ChoiceDelta]:
         """The choices' news in one engine delta. Afterwards `finished`, `error` and `stopped_samples`
@@ -70,6 +71,8 @@ class RequestProcessor:
         seqs = delta.seqs
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
+        if delta.embedding is not None:
+            self.embedding = delta.embedding
         if delta.error is not None or _has_error(seqs):
             self.error = delta.error or "generation failed inside the engine"
             self.error_status = delta.error_status

@@ -47,6 +47,8 @@ class RequestDelta(msgspec.Struct, array_like=True, gc=False):
     error_status: int = 500            # 400 when the request itself was at fault (e.g. its grammar)
     # prompt_logprobs: entry p scores prompt token p + 1; sent once, on the first delta after all are in
     prompt_logprobs: list[TokenLogprob] | None = None
+    # An embedding request's L2-normalized vector as little-endian float32 bytes, on its last delta
+    embedding: bytes | None = None
 
 
 class StepStats(msgspec.Struct, array_like=True, gc=False):
@@ -93,3 +95,17 @@ class RequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None   # vLLM's shape: None for the first token
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]          # L2-normalized
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one prompt (vLLM's shape: `.outputs.embedding`)."""
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -36,6 +36,7 @@ class Request:
     # prompt_logprobs: entry p scores prompt token p + 1 (position p's logits); sent once all are in.
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
+    pooling: str | None = None         # an embedding request's pooling type ("last" | "mean"), else None
 
     @property
     def finished(self) -> bool:
@@ -62,6 +63,9 @@ class Sequence:
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] | None = None
     matcher: SeqMatcher | None = None  # its grammar's state (constrained requests only)
+    # Mean pooling over chunked prefill: the sum of the final hidden states of positions [0, num_pooled)
+    pooled_sum: torch.Tensor | None = None
+    num_pooled: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -90,8 +94,11 @@ class Sequence:
 
     @property
     def num_reusable_tokens(self) -> int:
-        """Leading tokens whose KV may come from the prefix cache: a cached prefix has no logits, so not
-        the positions whose prompt logprobs are still wanted."""
+        """Leading tokens whose KV may come from the prefix cache: a cached prefix has no logits or hidden
+        states, so not the positions whose prompt logprobs are still wanted, nor any for mean pooling (last
+        pooling needs only the last token's, which is always computed)."""
+        if self.request.pooling == "mean":   # every position's hidden state is pooled: none may be skipped
+            return 0
         scored = self.request.prompt_logprobs
         if scored is None or self.index != 0 or len(scored) >= self.num_prompt_tokens - 1:
             return self.num_tokens

@@ -38,6 +38,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None   # json / regex / choice / grammar constraint
+    # An embedding request (/v1/embeddings, LLM.embed): the prompt is computed, its final hidden states are
+    # pooled (--pooling-type) into RequestDelta.embedding, and nothing is sampled. max_tokens is 0.
+    embed: bool = False
     # Filled in by the engine from generation_config.json / the tokenizer, not by users.
     eos_token_ids: list[int] = field(default_factory=list, repr=False)
 
@@ -63,11 +66,18 @@ class SamplingParams:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
 
+    @property
+    def min_max_tokens(self) -> int:
+        """0 computes the prompt without generating: to score it (completions' echo with max_tokens 0) or
+        to embed it."""
+        return 0 if self.prompt_logprobs is not None or self.embed else 1
+
     def validate(self) -> None:
         _check_int("n", self.n, 1, MAX_N)
+        if self.embed:
+            self._check_embed()
         if self.max_tokens is not None:
-            # 0 scores the prompt without generating (completions' echo with max_tokens 0).
-            _check_int("max_tokens", self.max_tokens, 0 if self.prompt_logprobs is not None else 1, None)
+            _check_int("max_tokens", self.max_tokens, self.min_max_tokens, None)
         _check_int("min_tokens", self.min_tokens, 0, None)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens}).")
@@ -104,6 +114,12 @@ class SamplingParams:
             for tok, bias in self.logit_bias.items():
                 _check_int("logit_bias", tok, 0, None)
                 _check_float("logit_bias", bias, -100.0, 100.0)
+
+    def _check_embed(self) -> None:
+        if self.max_tokens != 0 or self.n != 1:
+            raise ValueError("an embedding request generates nothing: it needs max_tokens=0 and n=1.")
+        if self.logprobs is not None or self.prompt_logprobs is not None or self.structured_outputs is not None:
+            raise ValueError("an embedding request takes no logprobs, prompt_logprobs or structured_outputs.")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the request names must exist in the model's vocabulary."""

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int          # query length this step
-    samples: bool                # this chunk reaches the end of the sequence, so a token is sampled
+    samples: bool                # this chunk reaches the end of the sequence, so a token is sampled (not for
+                                 # max_tokens 0: a prompt scored or embedded)
 
 
 @dataclass
@@ -164,13 +165,16 @@ class Scheduler:
                 f"head of the queue: {head_s}")
 
     def _at_limit(self, seq: Sequence) -> bool:
-        # max_tokens 0 (prompt scoring): the prompt is computed, then the engine finishes the sequence.
-        return (seq.num_computed_tokens >= seq.num_tokens or seq.num_tokens >= self.max_model_len
-                or seq.num_output_tokens >= max(seq.request.max_tokens, 1))
+        # max_tokens 0 (prompt scoring, embeddings): the prompt is computed, then the engine finishes the
+        # sequence; such a prompt may fill the whole context, so the length limits apply to outputs only.
+        return (seq.num_computed_tokens >= seq.num_tokens or (seq.num_output_tokens > 0 and (
+                seq.num_tokens >= self.max_model_len or seq.num_output_tokens >= max(seq.request.max_tokens, 1))))
 
     @staticmethod
     def _samples(seq: Sequence, num_new: int) -> bool:
-        return seq.num_computed_tokens + num_new == seq.num_tokens
+        # max_tokens 0 computes the prompt only: it is scored (prompt_logprobs) or pooled (embeddings), and
+        # nothing is sampled, so its last chunk has no sampling row in the batch.
+        return seq.num_computed_tokens + num_new == seq.num_tokens and seq.request.max_tokens > 0
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free_seq(seq)

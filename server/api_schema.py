@@ -176,6 +176,25 @@ class CountTokensResponse(BaseModel):
     input_tokens: int
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    # encoding_format "float": the values; "base64": their little-endian float32 bytes, base64-encoded
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from server import chat, completions, faults, messages, tokenization
+from server import chat, completions, embeddings, faults, messages, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine
 from server.chat_plan import ChatOptions
@@ -27,7 +27,7 @@ from server.load_report import install_load_route
 from server.logprobs import TokenText
 from server.messages_protocol import MessagesRequest
 from server.metrics import CONTENT_TYPE, EndpointLabel, ServerMetrics
-from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from server.security import install_access_control
 from server.text_work import TextWork
 from server.tool_prompt import detect_tool_support
@@ -97,7 +97,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(EndpointLabel)
     install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
-    for module in (completions, chat, messages, tokenization):
+    for module in (completions, chat, embeddings, messages, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
     install_load_route(app)
@@ -110,10 +110,11 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
 
 
 def _direct_routes() -> dict[str, DirectRoute]:
-    """The generation routes, taken below FastAPI's routing (server/direct_routes.py)."""
+    """The generation and embedding routes, taken below FastAPI's routing (server/direct_routes.py)."""
     return {"/v1/completions": DirectRoute(CompletionRequest, completions.create_completion),
             "/v1/chat/completions": DirectRoute(ChatCompletionRequest, chat.create_chat_completion),
-            "/v1/messages": DirectRoute(MessagesRequest, messages.create_message)}
+            "/v1/messages": DirectRoute(MessagesRequest, messages.create_message),
+            "/v1/embeddings": DirectRoute(EmbeddingRequest, embeddings.create_embedding)}
 
 
 def _text_of(tokenizer) -> Callable[[list[int]], str]:

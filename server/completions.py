@@ -23,23 +23,23 @@ from server.text_work import TextWork
 router = APIRouter(route_class=StrictJSONRoute)
 
 
-async def tokenize_prompts(text: TextWork, tokenizer: PreTrainedTokenizerBase,
-                           prompt: str | list) -> tuple[list[list[int]], list[str | None]]:
+async def tokenize_prompts(text: TextWork, tokenizer: PreTrainedTokenizerBase, prompt: str | list,
+                           field: str = "prompt") -> tuple[list[list[int]], list[str | None]]:
     """The four prompt forms -> token ids per prompt, and the prompt text where the client sent text.
     A text too long for any tokenization to fit the context is refused before it is tokenized; long ones
-    are tokenized off the event loop."""
+    are tokenized off the event loop. field: the request's name for the prompt, in error messages."""
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not prompts:
-        raise ValueError("prompt must not be empty.")
+        raise ValueError(f"{field} must not be empty.")
     if isinstance(prompts[0], int):
         prompts = [prompts]
     if len(prompts) > MAX_BATCH_PROMPTS:
-        raise ValueError(f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(prompts)}.")
+        raise ValueError(f"at most {MAX_BATCH_PROMPTS} {field}s per request, got {len(prompts)}.")
     if isinstance(prompts[0], str):
         if not all(prompts):
-            raise ValueError("prompt must not be empty.")
+            raise ValueError(f"{field} must not be empty.")
         for p in prompts:
-            text.check_prompt_chars(p, "prompt")
+            text.check_prompt_chars(p, field)
         ids = await text.run(sum(map(len, prompts)), _encode, tokenizer, prompts)
         return ids, list(prompts)
     return [list(p) for p in prompts], [None] * len(prompts)

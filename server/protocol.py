@@ -260,6 +260,19 @@ class DetokenizeRequest(OpenAIModel):
     tokens: list[StrictInt] = _doc(..., items={"type": "integer", "minimum": 0})
 
 
+class EmbeddingRequest(OpenAIModel):
+    model: str | None = None
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    user: str | None = None
+
+    def validate_request(self) -> None:
+        if self.dimensions is not None:
+            raise ValueError("dimensions is not supported: this model's embeddings always have its full hidden "
+                             "size (it was not trained to be shortened); leave dimensions out.")
+
+
 def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}

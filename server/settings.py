@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from engine.config import ATTENTION_BACKENDS, QUANTIZATION_CHOICES, EngineConfig
+from engine.config import ATTENTION_BACKENDS, POOLING_TYPES, QUANTIZATION_CHOICES, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
 from server.security import parse_allowed_hosts, parse_origins
 
@@ -159,6 +159,8 @@ OPTIONS: tuple[Option, ...] = (
            "*. Default: bound to a loopback address, only localhost, 127.0.0.1 and [::1]; bound elsewhere, any."),
     _engine("grammar_compile_timeout", _positive_float, "Seconds a structured-output grammar may take to "
             "compile; a request whose grammar takes longer gets HTTP 400."),
+    _engine("pooling_type", str, "How /v1/embeddings pools the model's final hidden states: last (the last "
+            "token's) or mean (over every input token); the vectors are L2-normalized.", POOLING_TYPES),
     Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '
            "call a tool, and --tool-call-parser reads its calls."),
     Option("tool_call_parser", _optional_str, None, "How tool calls are read from the output of tool_choice \"auto\".",
