@@ -148,7 +148,8 @@ def test_weight_and_kv_bytes(engine):
     expected = every if model.lm_head.weight is embed else every - embed.numel() * embed.element_size()
     assert bench_throughput.weight_bytes_per_step(model) == expected
     cfg = model.config
-    assert bench_throughput.kv_bytes_per_token(engine) == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    itemsize = engine.config.torch_dtype.itemsize   # --dtype auto: bf16 on CPUs where it is faster, else fp32
+    assert bench_throughput.kv_bytes_per_token(engine) == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
 def test_bench_throughput_cli(tmp_path, capsys):

@@ -36,9 +36,11 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_server(checkpoint: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
-    """Later flags in `extra` override the defaults here."""
+    """Later flags in `extra` override the defaults here. fp32, not `--dtype auto`: the tests compare with
+    transformers in fp32, and auto picks bf16 on CPUs where bf16 is faster (engine/cpu_dtype.py)."""
     return ServerProcess("--model", str(checkpoint), "--served-model-name", MODEL_NAME, "--device", "cpu",
-                         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "32", *extra, env=env).wait_ready()
+                         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "32",
+                         *extra, env=env).wait_ready()
 
 
 @pytest.fixture(scope="module")
