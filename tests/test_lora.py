@@ -115,6 +115,21 @@ def test_more_adapters_than_slots_wait_and_finish(models):
     assert len(llm.engine.lora.loaded) <= 2
 
 
+def test_smollm2_adapters_match_peft(smollm2_file, tmp_path):
+    """The real default model (its Q4_1 blocks computed as they are) with two adapters and the base in one
+    batch: each request's tokens equal transformers + peft on the same file."""
+    adapters = {"all": make_adapter(smollm2_file, tmp_path / "all", ALL, rank=16, alpha=32, seed=21),
+                "qv": make_adapter(smollm2_file, tmp_path / "qv", ["q_proj", "v_proj"], rank=8, alpha=16, seed=22)}
+    prompts = random_prompts(49152, [12, 30, 21], seed=23)
+    loras = [LoRARequest("all", 1, str(adapters["all"])), LoRARequest("qv", 2, str(adapters["qv"])), None]
+    llm = LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=128, enable_lora=True,
+              max_loras=2, max_lora_rank=16)
+    outs = llm.generate(prompts, greedy(), lora_request=loras)
+    for prompt, request, out in zip(prompts, loras, outs):
+        adapter = None if request is None else adapters[request.lora_name]
+        assert out.outputs[0].token_ids == peft_greedy(smollm2_file, adapter, prompt, MAX_TOKENS)
+
+
 def test_lora_needs_enable_lora(models):
     llm = LLM(model=str(models["llama"]), device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="--enable-lora"):
