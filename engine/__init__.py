@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig", "LoRARequest"]
 
 
 def __getattr__(name: str):
@@ -24,4 +24,7 @@ def __getattr__(name: str):
     if name == "EngineConfig":
         from engine.config import EngineConfig
         return EngineConfig
+    if name == "LoRARequest":
+        from engine.lora.request import LoRARequest
+        return LoRARequest
     raise AttributeError(name)

@@ -1,7 +1,8 @@
 """Paged KV blocks: free list, ref counts, automatic prefix caching and copy-on-write.
 
 A full block's hash chains its predecessor's hash and its own token ids, so equal hashes mean equal
-prefixes; hits are still verified against the stored token ids. Freed blocks keep their hash and
+prefixes (the first block's chain starts from the request's cache salt: KV computed under a LoRA adapter is
+never found by the base model or another adapter); hits are still verified against the stored token ids. Freed blocks keep their hash and
 stay findable until the free list hands them out again (least recently freed first).
 """
 from __future__ import annotations
@@ -152,7 +153,7 @@ class BlockManager:
         hit = PrefixHit()
         if not self.enable_prefix_caching:
             return hit
-        bs, prev = self.block_size, None
+        bs, prev = self.block_size, seq.request.cache_salt
         for i in range(min(seq.num_tokens - 1, seq.num_reusable_tokens) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self._chain_hash(prev, tokens)
@@ -200,7 +201,7 @@ class BlockManager:
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            prev = seq.block_hashes[i - 1] if i else None
+            prev = seq.block_hashes[i - 1] if i else seq.request.cache_salt
             h = self._chain_hash(prev, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]

@@ -41,6 +41,12 @@ class EngineConfig:
     max_logprobs: int = 20            # most logprobs / prompt_logprobs alternatives a request may ask for
     grammar_compile_timeout: float = 10.0   # seconds a structured-output grammar may take to compile
     pooling_type: str = "last"        # embedding requests: the last token's final hidden state, or the mean
+    # LoRA adapters (engine/lora/): max_loras distinct adapters per step (slots in the model's tables), ranks up
+    # to max_lora_rank, max_cpu_loras kept loaded on the host (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
     # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
     tensor_parallel_size: int = 1
@@ -76,6 +82,15 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
         self._check_parallel()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be >= 1.")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet.")
 
     def _check_parallel(self) -> None:
         tp, nnodes = self.tensor_parallel_size, self.nnodes

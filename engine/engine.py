@@ -14,6 +14,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
+from engine.lora.manager import LoRAManager
+from engine.lora.request import LoRARequest
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
 from engine.pooling import PoolChunk, add_chunk, encode_vectors, plan_pooling
@@ -78,7 +80,12 @@ class LLMEngine:
             model_weight_bytes=built.model_weight_bytes, weight_format=built.weight_format)
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   self.max_model_len)
+                                   self.max_model_len, cfg.max_loras if cfg.enable_lora else 0)
+        self.lora: LoRAManager | None = None
+        if cfg.enable_lora:
+            self.lora = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
+                                    cfg.torch_dtype, self.device)
+            self.runner.lora_batch = self.lora.batch
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
@@ -120,17 +127,33 @@ class LLMEngine:
         """Raises ValueError for a request that can never run (ModelInfo.check_request: the door's check)."""
         self.info.check_request(prompt_token_ids, params)
 
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Loads an adapter on the host (ValueError when its directory is not a usable PEFT adapter)."""
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} was asked for but LoRA is off: start with --enable-lora.")
+        self.lora.add(lora)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Forgets an adapter; its requests still running finish first (ValueError otherwise)."""
+        if self.lora is None:
+            return
+        if any(r.lora_id == lora_int_id for r in self.requests.values()):
+            raise ValueError("the adapter still has requests in flight; abort them or wait for them first.")
+        self.lora.remove(lora_int_id)
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lora: LoRARequest | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use.")
+        if lora is not None:
+            self.add_lora(lora)
         # Validated at the door (ModelInfo.check_request, in the front end or LLM.generate), not again here.
         params = copy.copy(params)
         params.eos_token_ids = list(self.eos_token_ids)
         n = len(prompt_token_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         req = Request(request_id, list(prompt_token_ids), params, max_tokens,
-                      pooling=self.config.pooling_type if params.embed else None)
+                      pooling=self.config.pooling_type if params.embed else None, lora=lora)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = []
         if arrival_time is not None:
@@ -192,6 +215,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         preempted, self.scheduler.preempted = self.scheduler.preempted, []
+        if self.lora is not None and sched.scheduled:
+            deltas += self._activate_adapters()
         launched = None
         if sched.scheduled:
             try:
@@ -210,6 +235,18 @@ class LLMEngine:
         self._last_step = step
         return deltas
 
+    def _activate_adapters(self) -> list[RequestDelta]:
+        """Slots for the running sequences' adapters; a slot is rewritten only after the step in flight (which
+        may read it) is done."""
+        deltas: list[RequestDelta] = []
+        running = {s.request.lora_id: s.request.lora for s in self.scheduler.running if s.request.lora_id}
+        if self.lora.needs_write(set(running)):
+            if self.in_flight is not None:
+                deltas += self._resolve(self.in_flight)
+                self.in_flight = None
+            self.lora.activate(set(running), running)
+        return deltas
+
     def _needs_host_tokens(self) -> bool:
         # Penalties read the real tokens on the host, and a grammar's next bitmask needs its last token.
         return any(s.params.uses_penalties or s.matcher is not None for s in self.scheduler.running)
@@ -221,7 +258,8 @@ class LLMEngine:
             if item.seq.request.timings.first_scheduled_time is None:
                 item.seq.request.timings.first_scheduled_time = now
         pool = plan_pooling(sched.scheduled)      # embedding requests' chunks (before counting them computed)
-        inputs = self.runner.build_inputs(sched, pool)  # placeholders in it are filled on the device (overlap)
+        lora_slots = None if self.lora is None else self.lora.slot_array([i.seq.request.lora_id for i in sched.scheduled])
+        inputs = self.runner.build_inputs(sched, pool, lora_slots)  # placeholders are filled on the device (overlap)
         sampling: list[Sequence] = []
         scored: list[tuple[Sequence, range]] = []     # prompt_logprobs, in the runner's row order
         scored_only: list[Sequence] = []              # max_tokens 0: the prompt is done, nothing to sample

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.output_processor import RequestProcessor
 from engine.outputs import (
     CompletionOutput,
@@ -44,18 +45,25 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """lora_request: one adapter for every prompt, or one per prompt (None: the base model)."""
         prompts, token_prompts = self._prompts(prompts)
         params = (sampling_params if isinstance(sampling_params, list)
                   else [sampling_params or SamplingParams()] * len(prompts))
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params.")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(loras)} LoRA requests.")
         for ids, p in zip(token_prompts, params):  # the door: refuse the batch before any of it runs
             self.info.check_request(ids, p)
+        for lora in {lora for lora in loras if lora is not None}:
+            self.engine.add_lora(lora)
         outputs: dict[str, tuple[RequestOutput, RequestProcessor]] = {}
-        for prompt, ids, p in zip(prompts, token_prompts, params):
+        for prompt, ids, p, lora in zip(prompts, token_prompts, params, loras):
             rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p)
+            self.engine.add_request(rid, ids, p, lora=lora)
             processor = RequestProcessor(rid, ids, p, self.tokenizer)
             out = RequestOutput(rid, prompt if isinstance(prompt, str) else None, ids, [
                 CompletionOutput(c.index, "", c.token_ids, None, logprobs=c.logprobs) for c in processor.choices],

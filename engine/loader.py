@@ -83,7 +83,7 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _target(name: str) -> tuple[str, object]:
+def checkpoint_target(name: str) -> tuple[str, object]:
     name = name.removeprefix("model.")
     for frag, (fused, shard) in _FUSED.items():
         if frag in name:
@@ -92,7 +92,7 @@ def _target(name: str) -> tuple[str, object]:
 
 
 @dataclass(frozen=True)
-class _Part:
+class RankPart:
     """This rank's part of a checkpoint tensor: `length` entries from `start` along `dim` (whose full size is
     `full`), copied to rows `row`.. of our (fused, per-rank) parameter; start None: the whole tensor."""
     dim: int = 0
@@ -102,34 +102,34 @@ class _Part:
     row: int = 0
 
 
-def _part(target: str, shard: object, cfg: ModelConfig, rank: int, tp: int) -> _Part:
+def rank_part(target: str, shard: object, cfg: ModelConfig, rank: int, tp: int) -> RankPart:
     """Column-parallel weights (q/k/v, gate/up, vocabulary rows) split dim 0, row-parallel ones dim 1."""
     hd = cfg.head_dim
     if shard in ("q", "k", "v"):
         local = parallel_state.shard_config(cfg, tp)
         q, kv = local.num_heads * hd, local.num_kv_heads * hd
         if shard == "q":
-            return _Part(0, rank * q, q, cfg.num_heads * hd, 0)
+            return RankPart(0, rank * q, q, cfg.num_heads * hd, 0)
         start = parallel_state.kv_head_start(cfg.num_kv_heads, rank, tp) * hd
-        return _Part(0, start, kv, cfg.num_kv_heads * hd, q if shard == "k" else q + kv)
+        return RankPart(0, start, kv, cfg.num_kv_heads * hd, q if shard == "k" else q + kv)
     if shard is not None:   # gate (0) / up (1)
         width = cfg.intermediate_size // tp
-        return _Part(0, rank * width, width, cfg.intermediate_size, shard * width)
+        return RankPart(0, rank * width, width, cfg.intermediate_size, shard * width)
     if tp == 1:
-        return _Part()
+        return RankPart()
     if target.endswith("o_proj.weight"):
         width = cfg.num_heads * hd // tp
-        return _Part(1, rank * width, width, cfg.num_heads * hd)
+        return RankPart(1, rank * width, width, cfg.num_heads * hd)
     if target.endswith("down_proj.weight"):
         width = cfg.intermediate_size // tp
-        return _Part(1, rank * width, width, cfg.intermediate_size)
+        return RankPart(1, rank * width, width, cfg.intermediate_size)
     if target in ("embed_tokens.weight", "lm_head.weight"):
         rows = parallel_state.padded_vocab(cfg.vocab_size, tp)
-        return _Part(0, rank * rows, max(0, min(rows, cfg.vocab_size - rank * rows)), cfg.vocab_size)
-    return _Part()              # replicated (norms)
+        return RankPart(0, rank * rows, max(0, min(rows, cfg.vocab_size - rank * rows)), cfg.vocab_size)
+    return RankPart()              # replicated (norms)
 
 
-def _read(source, part: _Part) -> torch.Tensor:
+def _read(source, part: RankPart) -> torch.Tensor:
     """The part of a torch tensor, quantized blocks or a safetensors slice (read lazily: only this part leaves
     the file)."""
     if part.start is None:
@@ -148,7 +148,7 @@ def _read(source, part: _Part) -> torch.Tensor:
 
 
 def _copy_shard(param: torch.Tensor, source, target: str, shard: object, cfg: ModelConfig) -> None:
-    part = _part(target, shard, cfg, parallel_state.tp_rank(), parallel_state.tp_world_size())
+    part = rank_part(target, shard, cfg, parallel_state.tp_rank(), parallel_state.tp_world_size())
     tensor = _read(source, part)
     dst = param.data
     if part.start is not None and part.dim == 0:
@@ -178,12 +178,12 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     seen: dict[str, int] = {}
     blocks: dict[str, list[tuple[int, gguf_loader.QuantBlocks]]] = {}   # target -> (first row, this rank's part)
     for name, tensor in tensors:
-        target, shard = _target(name)
+        target, shard = checkpoint_target(name)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in the model.")
         try:
             if isinstance(tensor, gguf_loader.QuantBlocks):
-                part = _part(target, shard, model.full_config, parallel_state.tp_rank(),
+                part = rank_part(target, shard, model.full_config, parallel_state.tp_rank(),
                              parallel_state.tp_world_size())
                 blocks.setdefault(target, []).append((part.row, _read(tensor, part)))
             else:
@@ -225,7 +225,7 @@ def kept_quantized(file: gguf_loader.GGUFFile, model: LlamaForCausalLM) -> froze
     types = gguf_loader.hf_types(file, model.config.num_layers)
     groups: dict[str, list[str]] = {}
     for name in types:
-        groups.setdefault(_target(name)[0], []).append(name)
+        groups.setdefault(checkpoint_target(name)[0], []).append(name)
     keep: set[str] = set()
     for target, names in groups.items():
         module = model.get_submodule(target.rpartition(".")[0]) if target.endswith(".weight") else None

@@ -13,6 +13,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.cuda_graphs import GraphRunner
 from engine.layers.attention import make_backend
+from engine.lora.layers import LoRABatch
 from engine.models.llama import LlamaForCausalLM
 from engine.pooling import PoolChunk, pool_fields, pool_rows
 from engine.scheduler import SchedulerOutput
@@ -36,6 +37,7 @@ class StepInputs:
     pool_rows: torch.Tensor | None = None
     pool_offsets: torch.Tensor | None = None
     pooled: torch.Tensor | None = None      # set by forward: [num_pooled_chunks, hidden] fp32, when any
+    lora_token_slots: torch.Tensor | None = None   # each token's LoRA slot (-1: base), when adapters are on
 
 
 @dataclass
@@ -46,7 +48,7 @@ class PackedStep:
     host: torch.Tensor
 
 
-NUM_FIELDS = 13
+NUM_FIELDS = 14
 HEADER_LEN = 5 + NUM_FIELDS
 
 
@@ -70,14 +72,17 @@ class ModelRunner:
             attn.backend = self.backend
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         self.pin = device.type == "cuda"
+        self.lora_batch: LoRABatch | None = None     # set by the engine with --enable-lora
         self.graphs = None
         if graph_max_batch:
             # Real graphs need a backend that never syncs the host: the Triton one.
             self.graphs = GraphRunner(model, graph_max_batch, max_model_len, block_size, device,
                                       use_graphs=backend == "triton")
 
-    def build_inputs(self, sched: SchedulerOutput, pool: list[PoolChunk] | None = None) -> StepInputs:
-        """pool: the chunks of embedding requests whose hidden states this step pools (engine/pooling.py)."""
+    def build_inputs(self, sched: SchedulerOutput, pool: list[PoolChunk] | None = None,
+                     lora_slots: np.ndarray | None = None) -> StepInputs:
+        """pool: the chunks of embedding requests whose hidden states this step pools (engine/pooling.py);
+        lora_slots: each scheduled sequence's LoRA slot (-1: the base model), with --enable-lora."""
         items = sched.scheduled
         q_lens = np.fromiter((s.num_new_tokens for s in items), np.int64, len(items))
         starts = np.fromiter((s.seq.num_computed_tokens for s in items), np.int64, len(items))
@@ -107,8 +112,11 @@ class ModelRunner:
         fill_dst = np.flatnonzero(input_ids < 0)
         fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
         prompt_rows = np.concatenate(scored_rows) if scored_rows else np.zeros(0, np.int64)
+        token_slots = (np.repeat(lora_slots, q_lens) if lora_slots is not None and (lora_slots >= 0).any()
+                       else np.zeros(0, np.int64))
         fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
-                  fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64), *pool_fields(pool or []))
+                  fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64), *pool_fields(pool or []),
+                  token_slots)
         header = np.array([len(items), width, q_lens.max(), seq_lens.max(), (q_lens == 1).all(),
                            *(len(f) for f in fields)], np.int64)
         return self.unpack(PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32))))
@@ -125,7 +133,8 @@ class ModelRunner:
         fills = (parts[7], parts[8]) if len(parts[7]) else (None, None)
         pool = (parts[11], parts[12]) if len(parts[12]) else (None, None)
         return StepInputs(parts[0], parts[1], meta, parts[5], parts[9], parts[10], *fills, packed=packed,
-                          pool_rows=pool[0], pool_offsets=pool[1])
+                          pool_rows=pool[0], pool_offsets=pool[1],
+                          lora_token_slots=parts[13] if len(parts[13]) else None)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole KV blocks (all layers, K and V) before they are written."""
@@ -145,7 +154,11 @@ class ModelRunner:
         rows = inputs.logits_indices
         scoring = inputs.prompt_logits_indices.shape[0] > 0
         pooling = inputs.pool_rows is not None
-        if (not scoring and not pooling and self.graphs is not None
+        adapters = inputs.lora_token_slots is not None
+        if self.lora_batch is not None:
+            self.lora_batch.set(inputs.lora_token_slots)
+        # A step with adapters runs eagerly: the captured graphs hold the base model only.
+        if (not scoring and not pooling and not adapters and self.graphs is not None
                 and self.graphs.can_run(inputs.meta, rows.shape[0])):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)

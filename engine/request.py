@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestTimings, TokenLogprob
 from engine.sampling_params import SamplingParams
 
@@ -37,6 +38,18 @@ class Request:
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
     pooling: str | None = None         # an embedding request's pooling type ("last" | "mean"), else None
+    lora: LoRARequest | None = None    # the adapter it runs with (None: the base model)
+
+    @property
+    def lora_id(self) -> int:
+        return 0 if self.lora is None else self.lora.lora_int_id
+
+    @property
+    def cache_salt(self) -> bytes | None:
+        """Where its prefix-cache hash chain starts: KV differs per adapter, so blocks are keyed by it."""
+        if self.lora is None:
+            return None
+        return f"lora:{self.lora.lora_int_id}:{self.lora.lora_path}".encode()
 
     @property
     def finished(self) -> bool:

@@ -45,8 +45,9 @@ class Scheduler:
     STALL_STEPS = 100
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int = 1 << 31) -> None:
+                 max_model_len: int = 1 << 31, max_loras: int = 0) -> None:
         self.bm = block_manager
+        self.max_loras = max_loras      # distinct LoRA adapters running at once (their slots in the model)
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -120,9 +121,14 @@ class Scheduler:
         # Set aside, keeping their place: a grammar still compiling, or a last token still being sampled
         # (overlap: the step that samples it finishes the sequence).
         set_aside: list[Sequence] = []
+        adapters = self.running_adapters()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self._admissible(seq):
+            # Also set aside: a request for an adapter beyond the max_loras already running (it waits for a
+            # slot to free up; later requests on running adapters or the base go ahead).
+            lora_id = seq.request.lora_id
+            if not self._admissible(seq) or (lora_id and lora_id not in adapters
+                                             and len(adapters) >= self.max_loras):
                 set_aside.append(self.waiting.popleft())
                 continue
             hit = self.bm.find_cached_prefix(seq)
@@ -134,9 +140,15 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if lora_id:
+                adapters.add(lora_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
             budget -= num_new
         self.waiting.extendleft(reversed(set_aside))
+
+    def running_adapters(self) -> set[int]:
+        """The LoRA adapters (lora_int_id) of the running sequences: at most max_loras."""
+        return {s.request.lora_id for s in self.running if s.request.lora_id}
 
     def _admissible(self, seq: Sequence) -> bool:
         return seq.request.grammar is None and not self._at_limit(seq)

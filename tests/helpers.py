@@ -50,7 +50,12 @@ def hf_gguf_model(path: str):
 def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
     """transformers' greedy continuation with eos ignored (not masked: generate's min_new_tokens would
     mask it), and the log-probability of each chosen token."""
-    model = hf_model(str(path))
+    return greedy_of(hf_model(str(path)), prompt, max_new_tokens)
+
+
+@torch.inference_mode()
+def greedy_of(model, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """A transformers (or peft) causal LM's greedy continuation, as hf_greedy."""
     ids = list(prompt)
     tokens, logprobs = [], []
     past = None

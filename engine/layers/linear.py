@@ -16,6 +16,7 @@ from engine.distributed import parallel_state as ps
 if TYPE_CHECKING:
     from engine.cpu_kernels import SmallBatchLinear
     from engine.layers.quantized import QuantizedWeight
+    from engine.lora.layers import LoRAProjection
 
 
 class LinearBase(nn.Linear):
@@ -24,6 +25,8 @@ class LinearBase(nn.Linear):
     small_batch: SmallBatchLinear | None = None
     # The weight as GGUF blocks (--quantization gguf): then there is no float `weight` parameter.
     qweight: QuantizedWeight | None = None
+    # The adapters' slot table (--enable-lora, engine/lora/): their terms are added to this layer's output.
+    lora: LoRAProjection | None = None
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         if (qweight.out_features, qweight.in_features) != tuple(self.weight.shape):
@@ -47,7 +50,8 @@ class ColumnParallelLinear(LinearBase):
     feeds them to a row-parallel layer, so no collective is needed here."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
+        out = self.matmul(x, self.bias)
+        return out if self.lora is None else self.lora.add(x, out)
 
 
 class RowParallelLinear(LinearBase):
@@ -56,6 +60,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = ps.all_reduce(self.matmul(x, None))
+        if self.lora is not None:
+            out = self.lora.add(x, out)
         return out if self.bias is None else out + self.bias
 
 

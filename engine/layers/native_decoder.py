@@ -44,7 +44,8 @@ class NativeDecoder:
 
     def applies(self, hidden: torch.Tensor) -> bool:
         backend = self.model.layers[0].self_attn.attn.backend
-        return (self.kernel is not None and 0 < hidden.shape[0] <= MAX_KERNEL_ROWS
+        lora = self.model.layers[0].self_attn.qkv_proj.lora     # adapters in the step: the modules add them
+        return (self.kernel is not None and (lora is None or not lora.batch.active) and 0 < hidden.shape[0] <= MAX_KERNEL_ROWS
                 and hidden.dtype in (torch.float32, torch.bfloat16) and backend is not None
                 and backend.name == "cpu" and backend.kernel is not None)
 

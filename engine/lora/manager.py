@@ -1,0 +1,79 @@
+"""Adapters known, adapters loaded on the host (--max-cpu-loras, least recently used dropped first) and the
+--max-loras slots of the model's tables. Owned by the engine thread.
+
+The scheduler never runs more than max_loras distinct adapters at once (engine/scheduler.py), so every running
+adapter has a slot; an adapter leaves its slot only when no running sequence uses it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from engine.lora.adapter import PROJECTIONS, LoRARequest, LoRAWeights, load_adapter, num_subprojections
+from engine.lora.layers import LoRABatch, LoRAProjection
+from engine.models.config import ModelConfig
+
+
+class LoRAManager:
+    def __init__(self, model: torch.nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.cfg: ModelConfig = model.full_config
+        self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
+        self.dtype = dtype
+        self.batch = LoRABatch()
+        self.projections: dict[tuple[int, str], LoRAProjection] = {}
+        for i, layer in enumerate(model.layers):
+            for name in PROJECTIONS:
+                module = getattr(layer.self_attn if name in ("qkv_proj", "o_proj") else layer.mlp, name)
+                proj = LoRAProjection(self.batch, max_loras, num_subprojections(name) * max_lora_rank,
+                                      module.in_features, module.out_features, name in ("o_proj", "down_proj"),
+                                      dtype, device)
+                module.lora = proj
+                self.projections[i, name] = proj
+        self.loaded: OrderedDict[int, LoRAWeights] = OrderedDict()    # by lora_int_id, least recent first
+        self.slots: list[int | None] = [None] * max_loras              # lora_int_id in each slot
+
+    def add(self, request: LoRARequest) -> LoRAWeights:
+        """Loads (or finds) the adapter on the host; ValueError when its directory is not a usable adapter."""
+        weights = self.loaded.get(request.lora_int_id)
+        if weights is not None and weights.request == request:
+            self.loaded.move_to_end(request.lora_int_id)
+            return weights
+        weights = load_adapter(request, self.cfg, self.max_lora_rank, self.dtype)
+        self.loaded[request.lora_int_id] = weights
+        if weights is not None and request.lora_int_id in self.slots:   # the id now names another adapter
+            self.slots[self.slots.index(request.lora_int_id)] = None
+        in_slots = set(self.slots)
+        for lora_id in list(self.loaded):
+            if len(self.loaded) <= self.max_cpu_loras:
+                break
+            if lora_id not in in_slots and lora_id != request.lora_int_id:
+                del self.loaded[lora_id]
+        return weights
+
+    def remove(self, lora_int_id: int) -> None:
+        """Forgets the adapter (its slot is freed; the caller has no running request on it)."""
+        self.loaded.pop(lora_int_id, None)
+        if lora_int_id in self.slots:
+            self.slots[self.slots.index(lora_int_id)] = None
+
+    def needs_write(self, running: set[int]) -> bool:
+        """Whether activating the running adapters writes a slot (a step in flight must finish first)."""
+        return not running <= set(self.slots)
+
+    def activate(self, running: set[int], requests: dict[int, LoRARequest]) -> None:
+        """Gives every running adapter a slot, taking slots from adapters no running sequence uses."""
+        for lora_id in running - set(self.slots):
+            slot = next(i for i, held in enumerate(self.slots) if held is None or held not in running)
+            weights = self.add(requests[lora_id])
+            for key, proj in self.projections.items():
+                a, b = weights.pairs.get(key, (None, None))
+                proj.write(slot, a, b)
+            self.slots[slot] = lora_id
+
+    def slot_array(self, lora_ids: list[int]) -> np.ndarray:
+        """The slot of each scheduled sequence's adapter (-1: the base model)."""
+        index = {lora_id: i for i, lora_id in enumerate(self.slots) if lora_id is not None}
+        return np.fromiter((index[i] if i else -1 for i in lora_ids), np.int64, len(lora_ids))
