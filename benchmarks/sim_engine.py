@@ -48,10 +48,18 @@ class SimEngine:
         self._device_free_at = 0.0      # when the device finishes the step it is running
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lora: object = None) -> None:
+        if lora is not None:
+            self.add_lora(lora)
         max_tokens = params.max_tokens or self.info.max_model_len - len(prompt_token_ids)
         self.waiting.append(_Request(request_id, len(prompt_token_ids), max_tokens,
                                      RequestTimings(arrival_time or time.monotonic())))
+
+    def add_lora(self, lora: object) -> None:
+        raise ValueError("the simulated engine serves no LoRA adapters.")
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        raise ValueError("the simulated engine serves no LoRA adapters.")
 
     def abort_request(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
         self.running.pop(request_id, None)

@@ -47,6 +47,7 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    lora_modules: tuple[tuple[str, str], ...] = ()   # (name, PEFT directory) loaded at startup, ids 1, 2, ...
     # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
     # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
     tensor_parallel_size: int = 1
@@ -91,6 +92,11 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
         if self.enable_lora and self.tensor_parallel_size > 1:
             raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet.")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules need enable_lora (--enable-lora).")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_modules names must be unique, got {names}.")
 
     def _check_parallel(self) -> None:
         tp, nnodes = self.tensor_parallel_size, self.nnodes

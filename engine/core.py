@@ -24,14 +24,17 @@ import zmq
 from engine import faults
 from engine.config import EngineConfig
 from engine.loop import EngineLoop
+from engine.lora.request import LoRARequest
 from engine.messages import (
     AbortRequest,
     AddRequest,
     ArmFault,
     EngineFailed,
     EngineReady,
+    LoadLoRA,
     Shutdown,
     StepOutput,
+    UnloadLoRA,
     input_codec,
     output_codec,
 )
@@ -48,7 +51,10 @@ class Engine(Protocol):
     """What the engine loop and this process need of an engine (LLMEngine, or a benchmark's stand-in)."""
     info: ModelInfo
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params, arrival_time=None) -> None: ...
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params, arrival_time=None,
+                    lora: LoRARequest | None = None) -> None: ...
+    def add_lora(self, lora: LoRARequest) -> None: ...
+    def remove_lora(self, lora_int_id: int) -> None: ...
     def abort_request(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None: ...
     def has_unfinished_requests(self) -> bool: ...
     def step(self) -> list[RequestDelta]: ...
@@ -140,7 +146,9 @@ def _serve_inputs(inp: zmq.Socket, loop: EngineLoop, injector: faults.FaultInjec
                     _reject(loop, raw, exc)      # never let one request take the engine down
                     continue
                 if isinstance(msg, AddRequest):
-                    loop.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time)
+                    loop.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.arrival_time, msg.lora)
+                elif isinstance(msg, (LoadLoRA, UnloadLoRA)):
+                    loop.control_lora(msg)
                 elif isinstance(msg, AbortRequest):
                     loop.abort(msg.request_id, msg.seq_index, msg.finish_reason)
                 elif isinstance(msg, ArmFault):

@@ -68,6 +68,14 @@ class LLMEngine:
         self.default_sampling = loaded.generation_defaults
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = plan.model_config.vocab_size
+        self.lora: LoRAManager | None = None
+        startup_loras = tuple(LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg.lora_modules))
+        if cfg.enable_lora:
+            self.lora = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
+                                    cfg.torch_dtype, self.device)
+            self.runner.lora_batch = self.lora.batch
+            for lora in startup_loras:      # a broken adapter stops the startup with the reason
+                self.lora.add(lora)
         self.info = ModelInfo(
             self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
             cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
@@ -77,15 +85,12 @@ class LLMEngine:
             weight_bytes=device_info.weight_bytes_per_step(self.model),
             kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
             memory_bandwidth=device_info.memory_bandwidth(self.device), max_logprobs=cfg.max_logprobs,
-            model_weight_bytes=built.model_weight_bytes, weight_format=built.weight_format)
+            model_weight_bytes=built.model_weight_bytes, weight_format=built.weight_format,
+            max_loras=cfg.max_loras if cfg.enable_lora else 0, lora_modules=startup_loras)
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len, cfg.max_loras if cfg.enable_lora else 0)
-        self.lora: LoRAManager | None = None
-        if cfg.enable_lora:
-            self.lora = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
-                                    cfg.torch_dtype, self.device)
-            self.runner.lora_batch = self.lora.batch
+
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
@@ -193,9 +198,18 @@ class LLMEngine:
         waiting = {id(s.request) for s in self.scheduler.waiting} - running
         bm = self.block_manager
         step, self._last_step = self._last_step, None
+        running_loras, waiting_loras = self._adapters_in_use()
         return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
                            bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
-                           bm.num_used_blocks, bm.num_cached_free, step)
+                           bm.num_used_blocks, bm.num_cached_free, step, running_loras, waiting_loras)
+
+    def _adapters_in_use(self) -> tuple[list[str], list[str]]:
+        """Names of the adapters with running requests, and of those with waiting requests only."""
+        if self.lora is None:
+            return [], []
+        running = {s.request.lora.lora_name for s in self.scheduler.running if s.request.lora is not None}
+        waiting = {s.request.lora.lora_name for s in self.scheduler.waiting if s.request.lora is not None}
+        return sorted(running), sorted(waiting - running)
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:

@@ -10,6 +10,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Callable
 
+from engine.lora.request import LoRARequest
+from engine.messages import LoadLoRA, LoRAControl
 from engine.outputs import EngineStats, RequestDelta, RequestTimings, SequenceDelta
 from engine.sampling_params import SamplingParams
 
@@ -40,9 +42,13 @@ class EngineLoop:
         self._thread.start()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lora: LoRARequest | None = None) -> None:
         # Checked at the door (ModelInfo.check_request) before it was sent here.
-        self.inbox.put(("add", request_id, prompt_token_ids, params, arrival_time))
+        self.inbox.put(("add", request_id, prompt_token_ids, params, arrival_time, lora))
+
+    def control_lora(self, control: LoRAControl) -> None:
+        """Loads or unloads an adapter between steps; the answer is a finished delta for its request id."""
+        self.inbox.put(("lora", control))
 
     def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
         self.inbox.put(("abort", request_id, seq_index, finish_reason))
@@ -109,16 +115,30 @@ class EngineLoop:
         except queue.Empty:
             return commands
 
+    def _control_lora(self, control: LoRAControl) -> RequestDelta:
+        error = None
+        try:
+            if isinstance(control, LoadLoRA):
+                self.engine.add_lora(control.lora)
+            else:
+                self.engine.remove_lora(control.lora_int_id)
+        except ValueError as e:    # not a usable adapter, LoRA off, or requests still on it
+            error = str(e)
+        return RequestDelta(control.request_id, [], True, 0, 0, RequestTimings(0.0), error=error, error_status=400)
+
     def _apply(self, commands: list) -> list[RequestDelta]:
         failed = []
         for cmd in commands:
             if cmd[0] == "add":
-                _, request_id, prompt, params, arrival = cmd
+                _, request_id, prompt, params, arrival, lora = cmd
                 try:
-                    self.engine.add_request(request_id, prompt, params, arrival)
-                except ValueError as e:  # e.g. a duplicate id: tell that request, not the others
+                    self.engine.add_request(request_id, prompt, params, arrival, lora=lora)
+                except ValueError as e:  # e.g. a duplicate id or a broken adapter: tell that request only
                     failed.append(RequestDelta(request_id, [SequenceDelta(0, [], None, "error")], True,
-                                               len(prompt), 0, RequestTimings(arrival or 0.0), error=str(e)))
+                                               len(prompt), 0, RequestTimings(arrival or 0.0), error=str(e),
+                                               error_status=400))
+            elif cmd[0] == "lora":
+                failed.append(self._control_lora(cmd[1]))
             elif cmd[0] == "reject":
                 _, request_id, message = cmd
                 failed.append(RequestDelta(request_id, [SequenceDelta(0, [], None, "error")], True, 0, 0,

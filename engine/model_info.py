@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from engine.lora.request import LoRARequest
 from engine.sampling_params import SamplingParams
 from engine.structured.grammar import check_structured
 
@@ -60,6 +61,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     max_logprobs: int = 20             # --max-logprobs
     model_weight_bytes: int = 0        # weights the engine holds, all ranks summed (GGUF blocks at their size)
     weight_format: str = ""            # "Q4_1+Q8_0 blocks, float32 rest" (--quantization gguf) or the dtype
+    max_loras: int = 0                 # LoRA adapters per step (0: --enable-lora is off)
+    lora_modules: tuple[LoRARequest, ...] = ()   # the adapters loaded at startup (--lora-modules)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError (HTTP 400) for a request that can never run."""

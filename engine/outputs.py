@@ -74,6 +74,9 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     kv_blocks_used: int = 0            # held by requests (the rest of the usable blocks are free)
     kv_blocks_cached: int = 0          # free, but still holding a reusable prefix (evicted last-freed-last)
     step: StepStats | None = None      # None when no step ran (only requests were added or aborted)
+    # LoRA adapters (lora_name) with running requests, and those only with waiting ones (--enable-lora)
+    running_loras: list[str] = msgspec.field(default_factory=list)
+    waiting_loras: list[str] = msgspec.field(default_factory=list)
 
 
 @dataclass

@@ -201,7 +201,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     root: str
-    parent: None = None
+    parent: str | None = None       # a LoRA adapter's base model
     max_model_len: int
 
 

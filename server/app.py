@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from server import chat, completions, embeddings, faults, messages, tokenization
+from server import chat, completions, embeddings, faults, lora_routes, messages, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine
 from server.chat_plan import ChatOptions
@@ -51,7 +51,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                engine_stall_timeout: float | None = None, api_key: str | None = None,
                allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
                chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",),
-               dashboard: DashboardOptions | None = None, vllm_metric_names: bool = False) -> FastAPI:
+               dashboard: DashboardOptions | None = None, vllm_metric_names: bool = False,
+               allow_runtime_lora_updating: bool = False) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
@@ -60,7 +61,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     answers 503; api_key: required as a Bearer token on every route but /health and /metrics;
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
     allowed_hosts: Host header names answered ("*": any); dashboard: GET /dashboard and /v1/stats (on unless
-    its `enabled` is False); vllm_metric_names: /metrics also under vLLM's names (vllm:*)."""
+    its `enabled` is False); vllm_metric_names: /metrics also under vLLM's names (vllm:*);
+    allow_runtime_lora_updating: POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     info = client.info
@@ -70,7 +72,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     if chat_options.enable_auto_tool_choice and chat_options.auto_tool_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json) for this "
                          "model, whose chat template renders tools in its own format.")
-    metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names)
+    metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names, info.max_loras)
     metrics.model_weight_bytes.set(info.model_weight_bytes)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
@@ -100,6 +102,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     for module in (completions, chat, embeddings, messages, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
+    if allow_runtime_lora_updating:
+        app.include_router(lora_routes.router)
     install_load_route(app)
     if bridge.observer is not None:
         install_dashboard(app, bridge.observer, api_key_required=bool(api_key))
@@ -123,22 +127,25 @@ def _text_of(tokenizer) -> Callable[[list[int]], str]:
     return text
 
 
-def _model_card(ctx: ServingContext) -> dict[str, Any]:
-    return {"id": ctx.served_model_name, "object": "model", "created": ctx.created, "owned_by": "pagedserve",
+def _model_cards(ctx: ServingContext) -> list[dict[str, Any]]:
+    """The served model, then each LoRA adapter ({id: its name, parent: the served model, root: its path})."""
+    base = {"id": ctx.served_model_name, "object": "model", "created": ctx.created, "owned_by": "pagedserve",
             "root": ctx.info.model_name, "parent": None, "max_model_len": ctx.max_model_len}
+    return [base, *({**base, "id": name, "root": path, "parent": ctx.served_model_name}
+                    for name, path in ctx.loras.cards())]
 
 
 def _add_service_routes(app: FastAPI) -> None:
     @app.get("/v1/models", response_model=ModelList)
     async def list_models(request: Request) -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(get_context(request))]}
+        return {"object": "list", "data": _model_cards(get_context(request))}
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=errors(404))
     async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
-        ctx = get_context(request)
-        if model != ctx.served_model_name:
+        card = next((c for c in _model_cards(get_context(request)) if c["id"] == model), None)
+        if card is None:
             raise model_not_found(model)
-        return _model_card(ctx)
+        return card
 
     @app.get("/health", response_class=Response, responses={200: {"description": "The engine is running."},
                                                             **errors(503)})

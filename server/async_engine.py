@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.messages import AddRequest, StepOutput
+from engine.lora.request import LoRARequest
+from engine.messages import AddRequest, LoRAControl, StepOutput
+from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams
 from server.admission import AdmissionControl, check_budget, default_queue_len
 from server.dashboard.observer import StepObserver
@@ -61,6 +63,7 @@ class AsyncEngine:
         self.request_timeout = request_timeout
         self.stall_timeout = stall_timeout
         self._routes: dict[str, _Route] = {}
+        self._controls: dict[str, asyncio.Future[RequestDelta]] = {}    # LoRA loads/unloads awaiting the engine
         self._num_running = 0                    # engine requests running, as of the last step
         self._last_progress = time.monotonic()   # the last step output, or when work arrived at an idle engine
         self._watchdog: asyncio.Task | None = None
@@ -146,6 +149,10 @@ class AsyncEngine:
     def _fail_all(self, message: str, status: int = 500) -> None:
         for stream in self._open_streams():
             stream.put(GenerationError(message, status))
+        for future in self._controls.values():
+            if not future.done():
+                future.set_exception(EngineUnavailable(message))
+        self._controls.clear()
 
     # --- engine -> streams (on the event loop) ------------------------------------------------------
     def _route(self, output: StepOutput) -> None:
@@ -164,10 +171,23 @@ class AsyncEngine:
             route = routes.get(delta.request_id)
             if route is not None:   # None: the client has gone and the request was aborted
                 route.stream.put((route.prompt_index, delta, now))
+            elif delta.request_id in self._controls:
+                future = self._controls.pop(delta.request_id)
+                if not future.done():
+                    future.set_result(delta)
 
     # --- requests --------------------------------------------------------------------------------------
+    async def control_lora(self, control: LoRAControl) -> str | None:
+        """Loads or unloads an adapter in the engine; the engine's error (why it refused) or None."""
+        if not self.alive:
+            raise EngineUnavailable(self.unavailable_reason)
+        future = asyncio.get_running_loop().create_future()
+        self._controls[control.request_id] = future
+        self.client.control_lora(control)
+        return (await future).error
+
     def generate(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
-                 arrival_time: float | None = None) -> GenerationStream:
+                 arrival_time: float | None = None, lora: LoRARequest | None = None) -> GenerationStream:
         """The door: checks every prompt (ValueError -> 400, nothing submitted), then whether the queue has
         room (Overloaded -> 429), then submits them all."""
         if not self.alive:
@@ -186,7 +206,7 @@ class AsyncEngine:
             self._last_progress = time.monotonic()      # an idle engine owes no step until now
         for i, (rid, prompt) in enumerate(zip(ids, prompts)):
             self._routes[rid] = _Route(stream, i)
-            self.client.add(AddRequest(rid, prompt, params, arrival))   # encoded: the engine gets its own copy
+            self.client.add(AddRequest(rid, prompt, params, arrival, lora))   # encoded: the engine gets its own copy
             if self.observer is not None:
                 self.observer.on_submit(rid, prompt, arrival)
         if self.request_timeout is not None:

@@ -43,12 +43,12 @@ async def start_chat(raw_request: Request, body: ChatCompletionRequest, request_
                      arrival: float) -> tuple[ChatPlan, GenerationStream]:
     """A chat request checked, planned and started in the engine (also what /v1/messages runs)."""
     ctx = get_context(raw_request)
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     body.validate_request()
     plan = await plan_request(raw_request, body)
     params = body.sampling_params(body.max_new_tokens, body.num_logprobs, ctx.info.default_sampling,
                                   plan.constraint, prompt_logprobs=body.prompt_logprobs)
-    return plan, ctx.start(request_id, [plan.prompt], params, arrival)
+    return plan, ctx.start(request_id, [plan.prompt], params, arrival, lora)
 
 
 class _ChatView:
@@ -72,7 +72,7 @@ class _ChatView:
             choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(c.token_ids, c.logprobs),
                             "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         response = {"id": self.id, "object": "chat.completion", "created": self.created,
-                    "model": self.ctx.served_model_name, "choices": choices,
+                    "model": stream.model, "choices": choices,
                     "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
         if self.body.prompt_logprobs is not None:     # vLLM's: the rendered prompt's tokens, scored
             response["prompt_logprobs"] = prompt_logprobs_list(
@@ -80,7 +80,7 @@ class _ChatView:
         return response
 
     def events(self, stream: GenerationStream) -> ChoiceEvents:
-        self.fmt = fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, self.ctx.served_model_name,
+        self.fmt = fmt = ChunkFormat(self.id, "chat.completion.chunk", self.created, stream.model,
                                      text_choice=b'{"index":%d,"delta":{"content":%s},"finish_reason":null}')
         # The first chunk of each choice announces the role, as OpenAI's stream does. It goes out with the
         # first tokens, not before the prefill: clients time the first token from the first chunk (vLLM too).

@@ -54,14 +54,14 @@ def _encode(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> list[list
 async def create_completion(body: CompletionRequest, raw_request: Request) -> Response:
     arrival = time.monotonic()
     ctx = get_context(raw_request)
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     body.validate_request()
     prompts, texts = await tokenize_prompts(ctx.text, ctx.tokenizer, body.prompt)
     params = body.sampling_params(body.max_tokens, body.logprobs, ctx.info.default_sampling, body.constraint(),
                                   prompt_logprobs=body.engine_prompt_logprobs)
     request_id = response_id("cmpl")
     view = _CompletionView(ctx, body, request_id, prompts, texts)
-    stream = ctx.start(request_id, prompts, params, arrival)
+    stream = ctx.start(request_id, prompts, params, arrival, lora)
     return await respond(raw_request, stream, view, body.stream)
 
 
@@ -117,12 +117,12 @@ class _CompletionView:
                     self.ctx.token_text, request.prompt_logprobs or [], self.body.prompt_logprobs)
             choices.append(choice)
         return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.ctx.served_model_name, "choices": choices,
+                "model": stream.model, "choices": choices,
                 "usage": usage_dict(stream.num_prompt_tokens, stream.num_completion_tokens)}
 
     def events(self, stream: GenerationStream) -> ChoiceEvents:
         self.stream = stream
-        self.fmt = ChunkFormat(self.id, "text_completion", self.created, self.ctx.served_model_name,
+        self.fmt = ChunkFormat(self.id, "text_completion", self.created, stream.model,
                                text_choice=b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}')
         # An echoed prompt goes out in front of its choice's first update, which brings its prompt logprobs.
         self.unechoed = set(range(len(stream.choices))) if self.echo_texts else set()

@@ -10,14 +10,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from transformers import PreTrainedTokenizerBase
 
+from engine.lora.request import LoRARequest
+from engine.messages import LoRAControl
 from engine.model_info import ModelInfo
 from engine.sampling_params import SamplingParams
 from server.admission import Overloaded
 from server.async_engine import AsyncEngine, EngineUnavailable
 from server.chat_plan import ChatOptions
-from server.errors import APIError, ClientDisconnected, model_not_found
+from server.errors import APIError, ClientDisconnected
 from server.generation import GenerationError, GenerationStream
 from server.logprobs import TokenText
+from server.lora import LoRARegistry
 from server.metrics import ServerMetrics
 from server.sse import await_or_disconnect
 from server.stream_response import ChoiceEvents, SSEResponse, StepWriter
@@ -36,20 +39,27 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
     writer: StepWriter = field(default_factory=StepWriter)      # the streams' per-step rendering and writes
+    loras: LoRARegistry | None = None                           # the LoRA adapters served (None: built from info)
+
+    def __post_init__(self) -> None:
+        if self.loras is None:
+            self.loras = LoRARegistry(self.served_model_name, self.info.max_loras,
+                                      {a.lora_name: a for a in self.info.lora_modules})
 
     @property
     def max_model_len(self) -> int:
         return self.info.max_model_len
 
-    def check_model(self, name: str | None) -> None:
-        """An empty or missing model means the served one (what vLLM does); anything else must match."""
-        if name and name != self.served_model_name:
-            raise model_not_found(name)
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's model names, None for the served model (also when empty or missing,
+        as in vLLM); any other name is 404."""
+        return self.loras.resolve(name)
 
     def start(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
-              arrival_time: float) -> GenerationStream:
+              arrival_time: float, lora: LoRARequest | None = None) -> GenerationStream:
         try:
-            stream = self.async_engine.generate(request_id, prompts, params, arrival_time)
+            stream = self.async_engine.generate(request_id, prompts, params, arrival_time, lora)
+            stream.model = self.served_model_name if lora is None else lora.lora_name
             if params.structured_outputs is not None:
                 self.metrics.constrained_requests.inc(len(prompts))
             return stream
@@ -60,6 +70,14 @@ class ServingContext:
             # A real status before any byte of a stream: routers and SDKs act on it (the SDK retries).
             raise APIError(429, str(exc), code="server_overloaded",
                            headers={"Retry-After": str(exc.retry_after)}) from None
+
+
+    async def control_lora(self, control: LoRAControl) -> str | None:
+        """Loads or unloads an adapter in the engine: its reason for refusing, or None."""
+        try:
+            return await self.async_engine.control_lora(control)
+        except EngineUnavailable as exc:
+            raise APIError(503, f"The server cannot change adapters now: {exc}.") from None
 
 
 class View(Protocol):

@@ -30,10 +30,10 @@ router = APIRouter(route_class=StrictJSONRoute)
 async def create_embedding(body: EmbeddingRequest, raw_request: Request) -> Response:
     arrival = time.monotonic()
     ctx = get_context(raw_request)
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     body.validate_request()
     prompts, _ = await tokenize_prompts(ctx.text, ctx.tokenizer, body.input, field="input")
-    stream = ctx.start(response_id("embd"), prompts, embedding_params(), arrival)
+    stream = ctx.start(response_id("embd"), prompts, embedding_params(), arrival, lora)
     return await respond(raw_request, stream, _EmbeddingView(ctx, body), streaming=False)
 
 
@@ -56,5 +56,5 @@ class _EmbeddingView:
                 raise APIError(500, "Generation failed: the engine returned no embedding.")
             data.append({"object": "embedding", "index": index, "embedding": encode(request.embedding)})
         tokens = stream.num_prompt_tokens
-        return {"object": "list", "data": data, "model": self.ctx.served_model_name,
+        return {"object": "list", "data": data, "model": stream.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from engine.messages import AddRequest, StepOutput
+from engine.messages import AddRequest, LoRAControl, StepOutput
 from engine.model_info import ModelInfo
 
 OnOutput = Callable[[StepOutput], None]
@@ -31,6 +31,9 @@ class EngineClient(Protocol):
     def add(self, request: AddRequest) -> None: ...
 
     def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None: ...
+
+    def control_lora(self, control: LoRAControl) -> None:
+        """Loads or unloads a LoRA adapter; the engine answers with a finished delta for its request id."""
 
     def arm_fault(self, kind: str) -> None:
         """Test-only: arms a fault inside the engine (engine/faults.py), when the engine enabled them."""

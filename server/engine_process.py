@@ -27,6 +27,7 @@ from engine.messages import (
     ArmFault,
     EngineFailed,
     EngineReady,
+    LoRAControl,
     Shutdown,
     StepOutput,
     input_codec,
@@ -137,6 +138,9 @@ class ProcessEngineClient:
     def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
         if self._alive:
             self._send(self._encoder.encode(AbortRequest(request_id, seq_index, finish_reason)))
+
+    def control_lora(self, control: LoRAControl) -> None:
+        self._send(self._encoder.encode(control))
 
     def arm_fault(self, kind: str) -> None:
         self._send(self._encoder.encode(ArmFault(kind)))

@@ -50,6 +50,7 @@ class GenerationStream:
                  tokenizer, metrics: ServerMetrics, abort: AbortFn, release: Callable[[str], None],
                  stream_interval: int = 1) -> None:
         self.params = params
+        self.model = ""         # the name its responses carry: the served model's or its LoRA adapter's
         self._inbox: list[QueueItem] = []
         self._ready = False                      # the inbox holds something worth waking up for
         self._waiter: asyncio.Future | None = None

@@ -33,7 +33,7 @@ async def create_message(body: MessagesRequest, raw_request: Request) -> Respons
     arrival = time.monotonic()
     request_id = response_id("msg").replace("-", "_", 1)       # Anthropic's ids: msg_...
     plan, stream = await start_chat(raw_request, body.to_chat(), request_id, arrival)
-    view = _MessagesView(get_context(raw_request), request_id, plan.output)
+    view = _MessagesView(get_context(raw_request), request_id, plan.output, stream.model)
     return await respond(raw_request, stream, view, body.stream)
 
 
@@ -47,8 +47,8 @@ async def count_tokens(body: CountTokensRequest, raw_request: Request) -> dict[s
 
 
 class _MessagesView:
-    def __init__(self, ctx: ServingContext, message_id: str, output: ChatOutputFormat) -> None:
-        self.ctx, self.id, self.output = ctx, message_id, output
+    def __init__(self, ctx: ServingContext, message_id: str, output: ChatOutputFormat, model: str) -> None:
+        self.ctx, self.id, self.output, self.model = ctx, message_id, output, model
         self.deltas = output.stream()
         self.blocks = BlockEvents()
         self.finish: tuple[str, str | None] = ("end_turn", None)
@@ -56,7 +56,7 @@ class _MessagesView:
     def _message(self, content: list[dict[str, Any]], reason: str | None, sequence: str | None,
                  input_tokens: int, output_tokens: int) -> dict[str, Any]:
         return {"id": self.id, "type": "message", "role": "assistant", "content": content,
-                "model": self.ctx.served_model_name, "stop_reason": reason, "stop_sequence": sequence,
+                "model": self.model, "stop_reason": reason, "stop_sequence": sequence,
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
 
     def response(self, stream: GenerationStream) -> dict[str, Any]:

@@ -73,8 +73,10 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, max_model_len: int, vllm_metric_names: bool = False) -> None:
-        """vllm_metric_names: also serve the metrics vLLM has under its names (vllm:*), same values."""
+    def __init__(self, model_name: str, max_model_len: int, vllm_metric_names: bool = False,
+                 max_loras: int = 0) -> None:
+        """vllm_metric_names: also serve the metrics vLLM has under its names (vllm:*), same values;
+        max_loras: LoRA adapters per step (0: LoRA off, no lora_requests_info)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self._pending_tokens = 0                  # generated tokens not yet added to generation_tokens
@@ -132,6 +134,17 @@ class ServerMetrics:
                                                "requests, by HTTP route.", by_endpoint, registry=r)
         self._endpoint_generation_tokens = Counter("pagedserve_endpoint_generation_tokens", "Generated tokens of "
                                                    "finished requests, by HTTP route.", by_endpoint, registry=r)
+        self.max_loras = max_loras
+        self._lora_info: Gauge | None = None
+        self._lora_labels: tuple[str, str] | None = None
+        if max_loras:
+            # vLLM's: one series whose labels name the adapters running and waiting; its value is when they
+            # last changed (a Unix time). Only the current label set is kept.
+            families["pagedserve_lora_requests_info"] = self._lora_info = Gauge(
+                "pagedserve_lora_requests_info", "LoRA adapters with running and with waiting requests (labels); "
+                "the value is the Unix time of the last change.",
+                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+            self._observe_loras([], [])
         self._seen = EngineStats()
         if vllm_metric_names:
             r.register(VllmAliasCollector(families))
@@ -151,7 +164,16 @@ class ServerMetrics:
                 counter.inc(increment)
         for seconds in stats.grammar_compile_seconds:
             self.grammar_compile.observe(seconds)
+        if self._lora_info is not None:
+            self._observe_loras(stats.running_loras, stats.waiting_loras)
         self._seen = stats
+
+    def _observe_loras(self, running: list[str], waiting: list[str]) -> None:
+        labels = (",".join(running), ",".join(waiting))
+        if labels != self._lora_labels:
+            self._lora_info.clear()
+            self._lora_info.labels(str(self.max_loras), *labels).set_to_current_time()
+            self._lora_labels = labels
 
     def count_tokens(self, num_tokens: int, itl: float | None) -> None:
         """`num_tokens` more were generated, `itl` seconds after the request's previous ones (None: its

@@ -83,6 +83,18 @@ def _optional_str(value: object) -> str | None:
     return None if value is None or str(value) == "" else str(value)
 
 
+def parse_lora_modules(value: object) -> tuple[tuple[str, str], ...]:
+    """NAME=PATH pairs: a list (flags, YAML) or one string of them separated by spaces or commas (env)."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else list(value or ())
+    modules = []
+    for item in items:
+        name, sep, path = str(item).partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"expected NAME=PATH, got {item!r}")
+        modules.append((name.strip(), path.strip()))
+    return tuple(modules)
+
+
 @dataclass(frozen=True)
 class Option:
     name: str                       # the dest, e.g. "max_model_len"
@@ -90,6 +102,7 @@ class Option:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    nargs: str | None = None        # a list option: its flag takes several words, converted together
 
     @property
     def flag(self) -> str:
@@ -100,8 +113,9 @@ class Option:
         return ENV_PREFIX + self.name.upper()
 
 
-def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[str, ...] | None = None) -> Option:
-    return Option(name, convert, _ENGINE_DEFAULTS[name], help, choices)
+def _engine(name: str, convert: Callable[[Any], Any], help: str, choices: tuple[str, ...] | None = None,
+            nargs: str | None = None) -> Option:
+    return Option(name, convert, _ENGINE_DEFAULTS[name], help, choices, nargs)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -159,6 +173,16 @@ OPTIONS: tuple[Option, ...] = (
            "*. Default: bound to a loopback address, only localhost, 127.0.0.1 and [::1]; bound elsewhere, any."),
     _engine("grammar_compile_timeout", _positive_float, "Seconds a structured-output grammar may take to "
             "compile; a request whose grammar takes longer gets HTTP 400."),
+    _engine("enable_lora", parse_bool, "Serve LoRA adapters (PEFT directories): a request names one as its model."),
+    _engine("lora_modules", parse_lora_modules, "Adapters loaded at startup, as NAME=PATH (several allowed); a "
+            "request with model NAME runs with that adapter.", nargs="+"),
+    _engine("max_loras", _positive_int, "Distinct LoRA adapters in one engine step (slots in the model); requests "
+            "for more wait."),
+    _engine("max_lora_rank", _positive_int, "Highest LoRA rank accepted."),
+    _engine("max_cpu_loras", _optional_positive_int, "LoRA adapters kept loaded on the host (default: --max-loras); "
+            "the least recently used is dropped (and read again when asked for)."),
+    Option("allow_runtime_lora_updating", parse_bool, False, "Serve POST /v1/load_lora_adapter and "
+           "/v1/unload_lora_adapter (behind --api-key like every route)."),
     _engine("pooling_type", str, "How /v1/embeddings pools the model's final hidden states: last (the last "
             "token's) or mean (over every input token); the vectors are L2-normalized.", POOLING_TYPES),
     Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '
@@ -196,6 +220,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         if opt.convert is parse_bool:
             parser.add_argument(opt.flag, dest=opt.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
+        elif opt.nargs:     # the words are converted together (resolve_settings)
+            parser.add_argument(opt.flag, dest=opt.name, nargs=opt.nargs, default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(opt.flag, dest=opt.name, type=_flag_type(opt), choices=opt.choices,
                                 default=argparse.SUPPRESS, help=help_text)
@@ -268,5 +294,8 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None
     for opt in OPTIONS:
         if opt.env in environ:
             values[opt.name] = _convert(opt, environ[opt.env], f"environment variable {opt.env}")
-    values.update({k: v for k, v in flags.items() if k in _BY_NAME})
+    for name, value in flags.items():
+        if name in _BY_NAME:
+            opt = _BY_NAME[name]
+            values[name] = _convert(opt, value, f"flag {opt.flag}") if opt.nargs else value
     return ServeSettings(values)

@@ -34,7 +34,10 @@ VLLM_ALIASES: dict[str, tuple[str, ...]] = {
     "pagedserve_request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
     "pagedserve_request_prompt_tokens": ("vllm:request_prompt_tokens",),
     "pagedserve_request_generation_tokens": ("vllm:request_generation_tokens",),
+    "pagedserve_lora_requests_info": ("vllm:lora_requests_info",),
 }
+# Families that exist only in some configurations (LoRA off: no lora_requests_info).
+OPTIONAL = frozenset({"pagedserve_lora_requests_info"})
 
 
 def _renamed(family: Metric, old: str, new: str) -> Metric:
@@ -47,10 +50,10 @@ class VllmAliasCollector(Collector):
     """Serves each metric of `families` (ours, by family name) again under its vLLM names."""
 
     def __init__(self, families: Mapping[str, MetricWrapperBase]) -> None:
-        missing = set(VLLM_ALIASES) - set(families)
+        missing = set(VLLM_ALIASES) - set(families) - OPTIONAL
         if missing:
             raise ValueError(f"no metric to alias for {sorted(missing)}")
-        self._families = {name: families[name] for name in VLLM_ALIASES}
+        self._families = {name: families[name] for name in VLLM_ALIASES if name in families}
 
     def collect(self) -> Iterator[Metric]:
         for name, metric in self._families.items():

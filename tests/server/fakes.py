@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from engine.messages import AddRequest, StepOutput
+from engine.messages import AddRequest, LoRAControl, StepOutput
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta
 from server.engine_client import OnDeath, OnOutput
@@ -34,6 +34,7 @@ class ScriptedClient:
         self.added: queue.Queue = queue.Queue()       # (request_id, prompt_token_ids, params, arrival_time)
         self.aborts: list[tuple] = []
         self.faults: list[str] = []
+        self.lora_controls: list[LoRAControl] = []
         self._alive = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_output: OnOutput | None = None
@@ -57,6 +58,9 @@ class ScriptedClient:
 
     def abort(self, request_id: str, seq_index: int | None = None, finish_reason: str = "abort") -> None:
         self.aborts.append((request_id, seq_index, finish_reason))
+
+    def control_lora(self, control: LoRAControl) -> None:
+        self.lora_controls.append(control)
 
     def arm_fault(self, kind: str) -> None:
         self.faults.append(kind)

@@ -17,11 +17,12 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def busy_metrics(vllm_metric_names: bool) -> ServerMetrics:
     """A known workload: two steps of stats, three requests (two finished by length, one aborted)."""
-    m = ServerMetrics(MODEL, max_model_len=128, vllm_metric_names=vllm_metric_names)
+    m = ServerMetrics(MODEL, max_model_len=128, vllm_metric_names=vllm_metric_names, max_loras=2)
     m.observe_stats(EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.375, num_preemptions_total=1,
                                 prefix_cache_queries_total=48, prefix_cache_hits_total=16))
     m.observe_stats(EngineStats(num_running=2, num_waiting=5, kv_cache_usage=0.625, num_preemptions_total=4,
-                                prefix_cache_queries_total=80, prefix_cache_hits_total=32))
+                                prefix_cache_queries_total=80, prefix_cache_hits_total=32,
+                                running_loras=["sql", "chat"], waiting_loras=["math"]))
     for i, reason in enumerate(("length", "length", "abort")):
         rec = RequestRecorder(m)
         timings = RequestTimings(10.0 * i, 10.0 * i + 0.5, 10.0 * i + 0.75, 10.0 * i + 2.0)
@@ -50,6 +51,20 @@ def test_every_alias_equals_ours() -> None:
             compared += len(theirs)
     vllm_samples = [k for k in got if k[0].startswith(VLLM_PREFIX)]
     assert compared == len(vllm_samples)      # nothing served as vllm:* that is not an alias of ours
+
+
+def test_lora_requests_info_names_the_adapters_of_the_last_step() -> None:
+    got = samples(busy_metrics(True).render().decode())
+    for name in ("pagedserve_lora_requests_info", "vllm:lora_requests_info"):
+        series = [(labels, value) for (metric, labels), value in got.items() if metric == name]
+        [(labels, value)] = series           # only the current label set is kept
+        assert dict(labels) == {"max_lora": "2", "running_lora_adapters": "sql,chat", "waiting_lora_adapters": "math"}
+        assert value > 1.7e9                 # set to the time of the change
+
+
+def test_no_lora_info_without_lora() -> None:
+    text = ServerMetrics(MODEL, 128, vllm_metric_names=True).render().decode()
+    assert "lora_requests_info" not in text
 
 
 def test_the_values_routers_read() -> None:
