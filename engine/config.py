@@ -90,8 +90,6 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be >= 1.")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet.")
         if self.lora_modules and not self.enable_lora:
             raise ValueError("lora_modules need enable_lora (--enable-lora).")
         names = [name for name, _ in self.lora_modules]

@@ -14,7 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
-from engine.lora.manager import LoRAManager
+from engine.lora.manager import LoRAManager, attach_lora
 from engine.lora.request import LoRARequest
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
@@ -70,12 +70,10 @@ class LLMEngine:
         self.vocab_size = plan.model_config.vocab_size
         self.lora: LoRAManager | None = None
         startup_loras = tuple(LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg.lora_modules))
-        if cfg.enable_lora:
-            self.lora = LoRAManager(self.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
-                                    cfg.torch_dtype, self.device)
-            self.runner.lora_batch = self.lora.batch
-            for lora in startup_loras:      # a broken adapter stops the startup with the reason
-                self.lora.add(lora)
+        self.lora = attach_lora(cfg, self.runner, self.device,
+                                self.workers.channel.send_lora if self.workers is not None else None)
+        for lora in startup_loras:          # a broken adapter stops the startup with the reason
+            self.lora.add(lora)
         self.info = ModelInfo(
             self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
             cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),

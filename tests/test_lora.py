@@ -186,3 +186,16 @@ def test_rank_above_max_and_foreign_modules_are_refused(models, tmp_path):
     wide = _broken(tmp_path, models, "wide")          # an adapter for a model with a wider hidden size
     with pytest.raises(ValueError, match=r"layer \d q_proj has A \[8, 80\].*needs A \[r, 64\]"):
         llm.generate([[5, 6]], greedy(), lora_request=LoRARequest("wide", 3, wide))
+
+
+def test_two_tensor_parallel_ranks_match_one(models):
+    """2 gloo ranks: each holds its slice of every adapter (B's rows of q/k/v/gate/up, A's columns of o/down);
+    a batch mixing two adapters and the base, with chunked prefill, equals one rank's output."""
+    base = models["qwen3"]
+    prompts = random_prompts(1000, [3, 19, 9, 27], seed=17)
+    loras = [lora(models, "qwen3-all", 1), None, lora(models, "qwen3-qv", 2), lora(models, "qwen3-all", 1)]
+    want = [o.outputs[0].token_ids for o in engine(base, max_loras=2).generate(prompts, greedy(), lora_request=loras)]
+    with LLM(model=str(base), device="cpu", dtype="float32", block_size=4, enable_lora=True, max_lora_rank=16,
+             max_loras=1, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
+        outs = llm.generate(prompts, greedy(), lora_request=loras)
+    assert [o.outputs[0].token_ids for o in outs] == want

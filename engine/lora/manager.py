@@ -7,6 +7,8 @@ adapter has a slot; an adapter leaves its slot only when no running sequence use
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,10 +17,28 @@ from engine.lora.adapter import PROJECTIONS, LoRARequest, LoRAWeights, load_adap
 from engine.lora.layers import LoRABatch, LoRAProjection
 from engine.models.config import ModelConfig
 
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.model_runner import ModelRunner
+
+
+def attach_lora(cfg: EngineConfig, runner: ModelRunner, device: torch.device,
+                on_write: Callable[[int, LoRARequest], None] | None = None) -> LoRAManager | None:
+    """With enable_lora: slot tables in the runner's model, and the runner told of each step's adapters."""
+    if not cfg.enable_lora:
+        return None
+    manager = LoRAManager(runner.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
+                          cfg.torch_dtype, device, on_write)
+    runner.lora_batch = manager.batch
+    return manager
+
 
 class LoRAManager:
     def __init__(self, model: torch.nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device,
+                 on_write: Callable[[int, LoRARequest], None] | None = None) -> None:
+        """on_write: told of every adapter put into a slot (tensor parallelism: the other ranks do the same)."""
+        self.on_write = on_write
         self.cfg: ModelConfig = model.full_config
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.dtype = dtype
@@ -67,11 +87,17 @@ class LoRAManager:
         """Gives every running adapter a slot, taking slots from adapters no running sequence uses."""
         for lora_id in running - set(self.slots):
             slot = next(i for i, held in enumerate(self.slots) if held is None or held not in running)
-            weights = self.add(requests[lora_id])
-            for key, proj in self.projections.items():
-                a, b = weights.pairs.get(key, (None, None))
-                proj.write(slot, a, b)
-            self.slots[slot] = lora_id
+            if self.on_write is not None:
+                self.on_write(slot, requests[lora_id])
+            self.write_slot(slot, requests[lora_id])
+
+    def write_slot(self, slot: int, request: LoRARequest) -> None:
+        """Puts the adapter (this rank's slice of it) into a slot of every projection's table."""
+        weights = self.add(request)
+        for key, proj in self.projections.items():
+            a, b = weights.pairs.get(key, (None, None))
+            proj.write(slot, a, b)
+        self.slots[slot] = request.lora_int_id
 
     def slot_array(self, lora_ids: list[int]) -> np.ndarray:
         """The slot of each scheduled sequence's adapter (-1: the base model)."""
