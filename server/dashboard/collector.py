@@ -81,6 +81,7 @@ class StatsCollector:
         self.decode = DecodeWindow(EFFICIENCY_WINDOW_S)
         self._decode_text = decode_text if options.show_prompts else None
         self._gauges = {"running": 0, "waiting": 0, "kv_used": 0, "kv_cached": 0}
+        self._loras: tuple[list[str], list[str]] = ([], [])     # adapters running, and only waiting
         self._last_tick = -1
         self.tick(self.started - 1.0)     # the baseline: the first second's rates need a row before it
         metrics.registry.register(_EfficiencyCollector(self))
@@ -94,6 +95,7 @@ class StatsCollector:
         g = self._gauges
         g["running"], g["waiting"] = stats.num_running, stats.num_waiting
         g["kv_used"], g["kv_cached"] = stats.kv_blocks_used, stats.kv_blocks_cached
+        self._loras = (stats.running_loras, stats.waiting_loras)
         step = stats.step
         if step is not None and step.num_decode_seqs and not step.num_prefill_tokens:
             info = self.info
@@ -137,7 +139,10 @@ class StatsCollector:
             "server": self._server(now),
             "now": {"running": last["running"], "waiting": last["waiting"],
                     "kv_blocks": {"used": last["kv_used"], "cached": last["kv_cached"],
-                                  "free": usable - last["kv_used"] - last["kv_cached"], "total": usable}},
+                                  "free": usable - last["kv_used"] - last["kv_cached"], "total": usable},
+                    # LoRA adapters with running requests, and those with waiting ones only (None: LoRA off)
+                    "lora": {"max_loras": info.max_loras, "running": self._loras[0], "waiting": self._loras[1]}
+                    if info.max_loras else None},
             "totals": {"prompt_tokens": last["prompt_tokens"], "generation_tokens": last["generation_tokens"],
                        "requests": sum(finished.values()), "finished": finished, "errors": finished["error"],
                        "rejected": last["rejected"], "preemptions": last["preemptions"],

@@ -152,3 +152,14 @@ def test_cpu_efficiency_is_not_applicable() -> None:
     values, _ = read_registry(metrics.registry)
     assert "pagedserve_decode_bandwidth_utilization" not in values
     assert collector.snapshot(50.5 + EFFICIENCY_WINDOW_S + 1)["efficiency"]["decode_bytes_per_s"] is None
+
+
+def test_lora_adapters_of_the_last_step() -> None:
+    info = ModelInfo("m", 64, 100, (), num_kv_blocks=33, block_size=4, max_num_seqs=8,
+                     tokenizer=TokenizerSource("/nonexistent"), max_loras=2)
+    collector = StatsCollector(info, ServerMetrics("m", 64, max_loras=2), "m", "1", DashboardOptions(), started=49.0)
+    collector.on_step(StepOutput([], EngineStats(num_running=3, running_loras=["chat", "sql"],
+                                                 waiting_loras=["math"])), 50.0)
+    assert collector.snapshot(50.5)["now"]["lora"] == {"max_loras": 2, "running": ["chat", "sql"], "waiting": ["math"]}
+    off = StatsCollector(_info(None), ServerMetrics("m", 64), "m", "1", DashboardOptions(), started=49.0)
+    assert off.snapshot(50.5)["now"]["lora"] is None

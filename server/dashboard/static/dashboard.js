@@ -79,7 +79,7 @@
 
   // --- render ---------------------------------------------------------------------------------------
   function render(s) {
-    renderServer(s.server);
+    renderServer(s.server, s.now.lora);
     const t = s.totals, n = s.now, series = s.series;
     const last = (arr) => (arr && arr.length ? arr[arr.length - 1] : 0);
     setStat("running", count(n.running));
@@ -105,12 +105,16 @@
     renderRequests(s.requests);
   }
 
-  function renderServer(info) {
+  function renderServer(info, lora) {
     const facts = [["model", info.served_model_name + (info.model !== info.served_model_name ? " (" + info.model + ")" : "")],
       ["device", info.device + (info.device_name ? " · " + info.device_name : "")], ["dtype", info.dtype],
       ["weights", (info.weight_format || info.dtype) + " · " + (info.model_weight_bytes / 1e6).toFixed(1) + " MB"],
       ["attention", info.attention_backend], ["CUDA graphs", info.cuda_graphs ? "on" : "off"],
       ["version", info.version], ["uptime", duration(info.uptime_s)]];
+    if (lora) {   // --enable-lora: the adapters with running requests, and those waiting for a slot
+      facts.push(["LoRA", "running: " + (lora.running.join(", ") || "none") + " · waiting: " +
+        (lora.waiting.join(", ") || "none") + " · slots: " + lora.max_loras]);
+    }
     const dl = $("#server");
     dl.replaceChildren();
     for (const [k, v] of facts) {
