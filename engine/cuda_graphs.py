@@ -5,6 +5,9 @@ copied into the first n rows; rows n..bucket are padding (slot -1: no KV write; 
 returns 0; block table of the null block), so stale rows of a previous, larger batch never leak in.
 On CPU the same buffers, buckets and padding are used and "replay" simply calls the function on
 them eagerly, so the logic real graphs depend on is exercised without a GPU.
+
+With LoRA adapters, each row's adapter slot is one more static input (-1: the base model, and the padding):
+the graphs hold the batched LoRA kernels, so decode steps with adapters replay too.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.lora.layers import LoRABatch
 from engine.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,7 @@ class _StaticInputs:
     seq_lens: torch.Tensor      # [max_bs]
     cu_seqlens_q: torch.Tensor  # [max_bs + 1] = arange: every row is one query token
     block_tables: torch.Tensor  # [max_bs, max_blocks_per_seq]
+    lora_slots: torch.Tensor    # [max_bs]: each row's LoRA slot, -1 for none
 
 
 class GraphRunner:
@@ -51,7 +56,9 @@ class GraphRunner:
             input_ids=torch.zeros(self.max_batch, **i32), positions=torch.zeros(self.max_batch, **i32),
             slot_mapping=torch.full((self.max_batch,), -1, **i32), seq_lens=torch.zeros(self.max_batch, **i32),
             cu_seqlens_q=torch.arange(self.max_batch + 1, **i32),
-            block_tables=torch.zeros(self.max_batch, max_blocks, **i32))
+            block_tables=torch.zeros(self.max_batch, max_blocks, **i32),
+            lora_slots=torch.full((self.max_batch,), -1, **i32))
+        self.lora_batch: LoRABatch | None = None    # set with --enable-lora, before capture
         self.logits: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
@@ -73,6 +80,8 @@ class GraphRunner:
     def _forward(self, bs: int, width: int | None = None) -> torch.Tensor:
         """width: block-table columns to pass (None = all, as captured; eager CPU runs pass the live width)."""
         s = self.static
+        if self.lora_batch is not None:
+            self.lora_batch.set(s.lora_slots[:bs])
         hidden = self.model(s.input_ids[:bs], s.positions[:bs], self._meta(bs, width))
         return self.model.compute_logits(hidden)
 
@@ -93,7 +102,8 @@ class GraphRunner:
         torch.cuda.synchronize(self.device)
         log.info("captured %d CUDA graphs for decode batch sizes %s", len(self.graphs), self.buckets)
 
-    def load(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> int:
+    def load(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+             lora_slots: torch.Tensor | None = None) -> int:
         """Copy a decode batch into the static buffers and pad up to its bucket; returns the bucket."""
         n = input_ids.shape[0]
         bs = self.bucket_for(n)
@@ -104,6 +114,11 @@ class GraphRunner:
         s.slot_mapping[:n].copy_(meta.slot_mapping)
         s.seq_lens[:n].copy_(meta.seq_lens)
         s.block_tables[:n, :width].copy_(meta.block_tables)
+        if lora_slots is not None:
+            s.lora_slots[:n].copy_(lora_slots)
+        else:
+            s.lora_slots[:n].fill_(-1)
+        s.lora_slots[n:bs].fill_(-1)
         # padding rows: no KV write, empty attention, null block, token 0
         s.input_ids[n:bs].zero_()
         s.positions[n:bs].zero_()
@@ -112,10 +127,11 @@ class GraphRunner:
         s.block_tables[n:bs].zero_()
         return bs
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits [n, vocab] of a decode-only batch of n sequences."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+            lora_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n, vocab] of a decode-only batch of n sequences (lora_slots: each one's adapter slot)."""
         n = input_ids.shape[0]
-        bs = self.load(input_ids, positions, meta)
+        bs = self.load(input_ids, positions, meta, lora_slots)
         if bs in self.graphs:
             self.graphs[bs].replay()
             return self.logits[bs][:n]

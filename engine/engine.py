@@ -14,7 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
-from engine.lora.manager import LoRAManager, attach_lora
+from engine.lora.manager import LoRAManager
 from engine.lora.request import LoRARequest
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
@@ -70,8 +70,9 @@ class LLMEngine:
         self.vocab_size = plan.model_config.vocab_size
         self.lora: LoRAManager | None = None
         startup_loras = tuple(LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg.lora_modules))
-        self.lora = attach_lora(cfg, self.runner, self.device,
-                                self.workers.channel.send_lora if self.workers is not None else None)
+        self.lora = built.lora
+        if self.lora is not None and self.workers is not None:   # the other ranks fill their slots too
+            self.lora.on_write = self.workers.channel.send_lora
         for lora in startup_loras:          # a broken adapter stops the startup with the reason
             self.lora.add(lora)
         self.info = ModelInfo(

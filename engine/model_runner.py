@@ -154,13 +154,13 @@ class ModelRunner:
         rows = inputs.logits_indices
         scoring = inputs.prompt_logits_indices.shape[0] > 0
         pooling = inputs.pool_rows is not None
-        adapters = inputs.lora_token_slots is not None
         if self.lora_batch is not None:
             self.lora_batch.set(inputs.lora_token_slots)
-        # A step with adapters runs eagerly: the captured graphs hold the base model only.
-        if (not scoring and not pooling and not adapters and self.graphs is not None
+        # Adapters ride in the graphs when they were captured with the LoRA kernels (--enable-lora).
+        graphed_loras = inputs.lora_token_slots is None or self.graphs is None or self.graphs.lora_batch is not None
+        if (not scoring and not pooling and graphed_loras and self.graphs is not None
                 and self.graphs.can_run(inputs.meta, rows.shape[0])):
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta, inputs.lora_token_slots)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         if pooling:
             inputs.pooled = pool_rows(hidden, inputs.pool_rows, inputs.pool_offsets)

@@ -17,6 +17,7 @@ from engine.cpu_runtime import keep_freed_memory
 from engine.distributed import parallel_state
 from engine.kv_sizing import choose_num_blocks
 from engine.layers.quantized import weight_format, weight_nbytes
+from engine.lora.manager import LoRAManager, attach_lora
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 
@@ -66,6 +67,7 @@ class BuiltRunner:
     runner: ModelRunner
     model_weight_bytes: int     # weights held by all ranks together (GGUF blocks at their size)
     weight_format: str          # e.g. "Q4_1+Q8_0 blocks, float32 rest", or "float32"
+    lora: LoRAManager | None    # the adapters' slot tables (--enable-lora)
 
 
 def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
@@ -85,7 +87,8 @@ def build_runner(plan: ModelPlan, device: torch.device) -> BuiltRunner:
     graph_batch = None if cfg.enforce_eager else min(cfg.max_num_seqs, cfg.max_cudagraph_batch)
     runner = ModelRunner(loaded.model, num_blocks, cfg.block_size, cfg.attention_backend, cfg.max_num_seqs,
                          device, cfg.torch_dtype, plan.max_model_len, graph_batch)
+    lora = attach_lora(cfg, runner, device)
     if runner.graphs is not None:
         runner.graphs.capture()
     weight_bytes = parallel_state.all_reduce_sum(weight_nbytes(loaded.model))
-    return BuiltRunner(loaded, num_blocks, runner, weight_bytes, weight_format(loaded.model, cfg.torch_dtype))
+    return BuiltRunner(loaded, num_blocks, runner, weight_bytes, weight_format(loaded.model, cfg.torch_dtype), lora)

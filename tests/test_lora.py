@@ -66,7 +66,16 @@ def test_mixed_batch_gives_each_request_its_own_tokens(models):
     prompts = random_prompts(1000, [3, 17, 9, 30, 12, 6], seed=7)
     loras = [lora(models, "llama-all", 1), None, lora(models, "llama-qv", 2)] * 2
     llm = engine(base, max_loras=2, max_num_batched_tokens=24)
+    graphs, run = llm.engine.runner.graphs, llm.engine.runner.graphs.run
+    graphed: list[bool] = []      # decode steps through the graph runner's static buffers, with adapters or not
+
+    def watched(input_ids, positions, meta, lora_slots=None):
+        graphed.append(lora_slots is not None)
+        return run(input_ids, positions, meta, lora_slots)
+
+    graphs.run = watched
     outs = llm.generate(prompts, greedy(), lora_request=loras)
+    assert any(graphed)       # adapters do not force eager decode steps
     for prompt, request, out in zip(prompts, loras, outs):
         adapter = None if request is None else models[request.lora_name]
         assert out.outputs[0].token_ids == peft_greedy(base, adapter, prompt, MAX_TOKENS)

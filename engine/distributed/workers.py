@@ -158,15 +158,14 @@ def run_worker(plan, rank: int, top: Topology, parent_pid: int, log_level: int) 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s tp{rank} %(name)s: %(message)s")
     _watch_parent(parent_pid)
-    from engine.lora.manager import attach_lora
     from engine.lora.request import LoRARequest
     from engine.runner_setup import build_runner
     try:
         device = rank_device(plan.config, rank, top.ranks_per_node)
         torch.manual_seed(plan.config.seed)
         ps.init(rank, top.how)
-        runner = build_runner(plan, device).runner
-        lora = attach_lora(plan.config, runner, device)
+        built = build_runner(plan, device)
+        runner, lora = built.runner, built.lora
         channel = StepChannel()
         with torch.inference_mode():
             while (msg := channel.recv()) is not None:

@@ -30,6 +30,8 @@ def attach_lora(cfg: EngineConfig, runner: ModelRunner, device: torch.device,
     manager = LoRAManager(runner.model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras,
                           cfg.torch_dtype, device, on_write)
     runner.lora_batch = manager.batch
+    if runner.graphs is not None:     # before capture: the graphs then hold the LoRA kernels
+        runner.graphs.lora_batch = manager.batch
     return manager
 
 

@@ -1,5 +1,5 @@
 """LoRA on the GPU path: the Triton shrink/expand kernels (kernels/lora.py) inside the engine, with Triton
-attention, overlap and CUDA graphs for base-only decode steps. A batch mixing two adapters and the base gives
+attention, overlap and CUDA graphs (captured with the LoRA kernels: decode steps with adapters replay too). A batch mixing two adapters and the base gives
 fp32 greedy tokens equal to transformers + peft. Run: pytest tests/gpu -q"""
 from __future__ import annotations
 
@@ -25,7 +25,16 @@ def test_mixed_adapters_on_cuda_match_peft(tmp_path):
     loras = [LoRARequest("all", 1, str(adapters["all"])), LoRARequest("qv", 2, str(adapters["qv"])), None] * 2
     llm = LLM(model=str(base), device="cuda", dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=16)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    graphs, run = llm.engine.runner.graphs, llm.engine.runner.graphs.run
+    replayed: list[bool] = []
+
+    def watched(input_ids, positions, meta, lora_slots=None):
+        replayed.append(lora_slots is not None and graphs.bucket_for(input_ids.shape[0]) in graphs.graphs)
+        return run(input_ids, positions, meta, lora_slots)
+
+    graphs.run = watched
     outs = llm.generate(prompts, params, lora_request=loras)
+    assert llm.engine.info.cuda_graphs and any(replayed)    # decode steps with adapters replay graphs
     for prompt, request, out in zip(prompts, loras, outs):
         adapter = None if request is None else adapters[request.lora_name]
         assert out.outputs[0].token_ids == peft_greedy(base, adapter, prompt, 12)
