@@ -105,7 +105,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          fault_injection=faults.enabled(), chat_options=chat_options(settings),
                          allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
                          dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts),
-                         vllm_metric_names=settings.vllm_metric_names)
+                         vllm_metric_names=settings.vllm_metric_names,
+                         responses_store_size=settings.responses_store_size)
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

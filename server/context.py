@@ -19,6 +19,7 @@ from server.errors import APIError, ClientDisconnected, model_not_found
 from server.generation import GenerationError, GenerationStream
 from server.logprobs import TokenText
 from server.metrics import ServerMetrics
+from server.responses_store import ResponseStore
 from server.sse import await_or_disconnect
 from server.stream_response import ChoiceEvents, SSEResponse, StepWriter
 from server.text_work import TextWork
@@ -36,6 +37,7 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
     writer: StepWriter = field(default_factory=StepWriter)      # the streams' per-step rendering and writes
+    responses: ResponseStore = field(default_factory=ResponseStore)     # POST /v1/responses' stored answers
 
     @property
     def max_model_len(self) -> int:
