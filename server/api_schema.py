@@ -269,10 +269,10 @@ class ResponseObject(BaseModel):
     store: bool
     background: bool
     service_tier: Literal["default"]
-    user: str | None
-    safety_identifier: str | None
-    prompt_cache_key: str | None
-    usage: ResponseUsage | None
+    user: str | None = None                 # these four: left out when unset
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    usage: ResponseUsage | None = None      # left out until the response is done
 
 
 class DeletedResponse(BaseModel):

@@ -12,7 +12,7 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter
 
 from server.api_schema import (
@@ -43,6 +43,7 @@ from server.stream_response import ChoiceEvents
 router = APIRouter(route_class=StrictJSONRoute)
 _ITEMS = TypeAdapter(list[InputItem])
 MAX_LIST_LIMIT = 100
+_OMITTED_WHEN_NULL = ("user", "safety_identifier", "prompt_cache_key", "usage")
 
 
 @router.post("/v1/responses", response_model=ResponseObject,
@@ -64,8 +65,8 @@ async def create_response(body: ResponsesRequest, raw_request: Request) -> Respo
 
 
 @router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=errors(404))
-async def retrieve_response(response_id: str, raw_request: Request) -> dict[str, Any]:
-    return _stored(raw_request, response_id).response
+async def retrieve_response(response_id: str, raw_request: Request) -> Response:
+    return JSONResponse(_stored(raw_request, response_id).response)       # as it was answered
 
 
 @router.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=errors(404))
@@ -144,7 +145,7 @@ class _ResponsesView:
         tools = [tool.model_dump() for tool in body.tools or ()]
         choice = body.tool_choice if body.tool_choice is not None else "auto"
         text = body.text.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else {}
-        return {
+        response = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
             "error": None,
@@ -162,6 +163,8 @@ class _ResponsesView:
             "service_tier": "default", "user": body.user, "safety_identifier": body.safety_identifier,
             "prompt_cache_key": body.prompt_cache_key, "usage": usage,
         }
+        # OpenAI's schema has no null for these: left out when unset (usage: until the end).
+        return {k: v for k, v in response.items() if v is not None or k not in _OMITTED_WHEN_NULL}
 
     def _usage(self, stream: GenerationStream, output: list[dict[str, Any]]) -> dict[str, Any]:
         reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
