@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from server.protocol import ChatCompletionRequest, ChatMessage
 from server.structured_request import (
@@ -27,6 +37,24 @@ from server.structured_request import (
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _PART_TYPES = ("input_text", "output_text", "refusal")
 MAX_METADATA_KEYS = 16
+# Fields of OpenAI's API this server cannot honour, and what to do instead (any other unknown field is refused
+# by name too).
+_UNSUPPORTED_FIELDS = {
+    "conversation": "conversations are not supported by this server; chain responses with previous_response_id, "
+                    "or send the whole conversation as input",
+    "prompt": "prompt templates are not supported by this server; send instructions and input",
+    "max_tool_calls": "max_tool_calls is not supported by this server; leave it out",
+    "context_management": "context_management is not supported by this server; leave it out",
+}
+# Fields accepted only with the value that asks for nothing this server does not do.
+_ONLY = {
+    "background": ((None, False), "background responses are not supported by this server; leave background out or "
+                                  "send false"),
+    "truncation": ((None, "disabled"), 'truncation "auto" is not supported by this server (an input too long for '
+                                       'the context is a 400); leave truncation out or send "disabled"'),
+    "top_logprobs": ((None, 0), "top_logprobs is not supported by this server's Responses API; use "
+                                "/v1/chat/completions with logprobs"),
+}
 
 
 class _Strict(BaseModel):
@@ -175,6 +203,39 @@ class ResponsesRequest(_Strict):
     service_tier: Literal["auto", "default"] | None = None
     top_logprobs: Literal[0] | None = None
     background: Literal[False] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported_fields(cls, body: Any) -> Any:
+        for name, why in _UNSUPPORTED_FIELDS.items():
+            if isinstance(body, dict) and body.get(name) is not None:
+                raise ValueError(f"{why}.")
+        return body
+
+    @field_validator("background", "truncation", "top_logprobs", mode="before")
+    @classmethod
+    def _only_what_is_done(cls, value: Any, info: Any) -> Any:
+        allowed, why = _ONLY[info.field_name]
+        if value not in allowed and type(value) in {type(a) for a in allowed if a is not None}:
+            raise ValueError(f"{why}.")
+        return value
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _includable(cls, include: Any) -> Any:
+        for value in include if isinstance(include, list) else ():
+            if isinstance(value, str) and value != "reasoning.encrypted_content":
+                raise ValueError(f"include {value!r} is not supported by this server (reasoning.encrypted_content "
+                                 "is accepted: reasoning items carry their text, never encrypted).")
+        return include
+
+    @field_validator("reasoning", mode="before")
+    @classmethod
+    def _no_reasoning_options(cls, reasoning: Any) -> Any:
+        if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
+            raise ValueError("reasoning options (effort, summary) are not supported by this server: a model "
+                             "reasons as it was trained (see --reasoning-parser); leave reasoning out.")
+        return reasoning
 
     @field_validator("input", mode="before")
     @classmethod
