@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.api_schema import (
     RESPONSES_SSE_EVENT,
@@ -62,6 +64,16 @@ async def create_response(body: ResponsesRequest, raw_request: Request) -> Respo
     plan, stream = await start_chat(raw_request, body.to_chat(history), request_id, arrival)
     view = _ResponsesView(ctx, body, request_id, plan.output, history)
     return await respond(raw_request, stream, view, body.stream)
+
+
+async def other_methods(response_id: str) -> None:
+    """Declared before GET and DELETE, so that a 405 names both in its Allow header (Starlette's 405 names the
+    methods of the first route on the path); a plain route, which reads no body."""
+    raise StarletteHTTPException(405, headers={"Allow": "GET, DELETE"})
+
+
+router.add_api_route("/v1/responses/{response_id}", other_methods, methods=["POST", "PUT", "PATCH", "OPTIONS"],
+                     include_in_schema=False, route_class_override=APIRoute)
 
 
 @router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=errors(404))

@@ -46,7 +46,8 @@ _UNSUPPORTED_FIELDS = {
     "max_tool_calls": "max_tool_calls is not supported by this server; leave it out",
     "context_management": "context_management is not supported by this server; leave it out",
 }
-# Fields accepted only with the value that asks for nothing this server does not do.
+# Fields accepted only with the value that asks for nothing this server does not do (compared with `is`/type:
+# 0 is not False here).
 _ONLY = {
     "background": ((None, False), "background responses are not supported by this server; leave background out or "
                                   "send false"),
@@ -201,8 +202,8 @@ class ResponsesRequest(_Strict):
     prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: StrictStr | None = None
     service_tier: Literal["auto", "default"] | None = None
-    top_logprobs: Literal[0] | None = None
-    background: Literal[False] | None = None
+    top_logprobs: StrictInt | None = Field(None, json_schema_extra={"enum": [0, None]})
+    background: StrictBool | None = Field(None, json_schema_extra={"enum": [False, None]})
 
     @model_validator(mode="before")
     @classmethod
@@ -216,7 +217,8 @@ class ResponsesRequest(_Strict):
     @classmethod
     def _only_what_is_done(cls, value: Any, info: Any) -> Any:
         allowed, why = _ONLY[info.field_name]
-        if value not in allowed and type(value) in {type(a) for a in allowed if a is not None}:
+        kinds = {type(a) for a in allowed if a is not None}
+        if type(value) in kinds and not any(type(value) is type(a) and value == a for a in allowed):
             raise ValueError(f"{why}.")
         return value
 
