@@ -182,7 +182,8 @@ class _ResponsesView:
         reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
         reasoning_tokens = len(self.ctx.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
         prompt, generated = stream.num_prompt_tokens, stream.num_completion_tokens
-        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        cached = min(stream.num_cached_tokens, prompt)
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                 "output_tokens": generated,
                 "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, generated)},
                 "total_tokens": prompt + generated}

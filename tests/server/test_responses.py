@@ -75,6 +75,15 @@ def test_the_answer_is_chats_answer(client: openai.OpenAI, http: httpx.Client) -
         assert response.status == "completed" and response.incomplete_details is None
 
 
+def test_a_repeated_prompt_reports_cached_tokens(http: httpx.Client) -> None:
+    body = {**GREEDY, "input": "The prefix cache keeps whole blocks of sixteen tokens. " * 6, "max_output_tokens": 2}
+    first = http.post("/v1/responses", json=body).json()["usage"]
+    again = http.post("/v1/responses", json=body).json()["usage"]
+    assert first["input_tokens"] == again["input_tokens"] > 64
+    # at least the whole blocks before the last prompt token (always computed) are found again
+    assert again["input_tokens_details"]["cached_tokens"] >= (again["input_tokens"] - 1) // 16 * 16 - 16 > 0
+
+
 def test_a_string_input_is_one_user_message(http: httpx.Client) -> None:
     body = http.post("/v1/responses", json={**GREEDY, "input": "Hello", "max_output_tokens": 5}).json()
     assert_valid(body, "Response")
