@@ -125,10 +125,11 @@ def input_resources(body: ResponsesRequest) -> list[dict[str, Any]]:
     for item in body.items():
         data = item.model_dump(exclude_none=True)
         if isinstance(item, MessageItem):
+            # Text parts as the spec types them: output_text in an assistant message, input_text elsewhere.
             kind = "output_text" if item.role == "assistant" else "input_text"
+            extra = {"annotations": [], "logprobs": []} if kind == "output_text" else {}
             parts = [{"type": kind, "text": item.content}] if isinstance(item.content, str) else data["content"]
-            if item.role == "assistant":
-                parts = [{"annotations": [], "logprobs": [], **p} if p["type"] == "output_text" else p for p in parts]
+            parts = [p if p["type"] == "refusal" else {"type": kind, "text": p["text"], **extra} for p in parts]
             data = {**data, "id": item.id or new_id("msg"), "content": parts, "status": item.status or "completed"}
         elif isinstance(item, FunctionCallItem):
             data = {**data, "id": item.id or "fc_" + item.call_id.removeprefix("call_"),

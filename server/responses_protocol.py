@@ -110,6 +110,9 @@ class FunctionCallItem(_Strict):
     arguments: StrictStr
     id: StrictStr | None = None
     status: StrictStr | None = None
+    # Newer SDKs' fields of an output call sent back; this server never sets them (no namespaced tools).
+    namespace: None = None
+    caller: None = None
 
 
 class FunctionCallOutputItem(_Strict):
