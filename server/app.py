@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from server import chat, completions, embeddings, faults, lora_routes, messages, tokenization
+from server import chat, completions, embeddings, faults, lora_routes, messages, responses, tokenization
 from server.api_schema import ModelCard, ModelList, VersionResponse, errors, install_openapi
 from server.async_engine import AsyncEngine
 from server.chat_plan import ChatOptions
@@ -28,6 +28,8 @@ from server.logprobs import TokenText
 from server.messages_protocol import MessagesRequest
 from server.metrics import CONTENT_TYPE, EndpointLabel, ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from server.responses_protocol import ResponsesRequest
+from server.responses_store import DEFAULT_STORE_SIZE, ResponseStore
 from server.security import install_access_control
 from server.text_work import TextWork
 from server.tool_prompt import detect_tool_support
@@ -52,7 +54,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                allowed_origins: tuple[str, ...] = (), fault_injection: bool = False,
                chat_options: ChatOptions | None = None, allowed_hosts: tuple[str, ...] = ("*",),
                dashboard: DashboardOptions | None = None, vllm_metric_names: bool = False,
-               allow_runtime_lora_updating: bool = False) -> FastAPI:
+               allow_runtime_lora_updating: bool = False,
+               responses_store_size: int = DEFAULT_STORE_SIZE) -> FastAPI:
     """An app serving the engine behind `client` (already started and ready); the app's lifespan attaches
     the client to its event loop, and shuts the engine down at the end.
 
@@ -62,7 +65,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     allowed_origins: CORS origins (none: no CORS headers); fault_injection: the test-only /_fault routes;
     allowed_hosts: Host header names answered ("*": any); dashboard: GET /dashboard and /v1/stats (on unless
     its `enabled` is False); vllm_metric_names: /metrics also under vLLM's names (vllm:*);
-    allow_runtime_lora_updating: POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+    allow_runtime_lora_updating: POST /v1/load_lora_adapter and /v1/unload_lora_adapter; responses_store_size:
+    responses of POST /v1/responses kept for GET /v1/responses/{id} and previous_response_id (0: none)."""
     if stream_interval < 1:
         raise ValueError(f"stream_interval must be >= 1, got {stream_interval}.")
     info = client.info
@@ -77,7 +81,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)
     ctx = ServingContext(info, tokenizer, bridge, metrics, name, TokenText(tokenizer),
-                         TextWork(tokenizer, info.max_model_len), options=chat_options)
+                         TextWork(tokenizer, info.max_model_len), options=chat_options,
+                         responses=ResponseStore(responses_store_size))
     dashboard = dashboard or DashboardOptions()
     if dashboard.enabled:
         bridge.observer = StatsCollector(info, metrics, name, version(), dashboard, decode_text=_text_of(tokenizer))
@@ -99,7 +104,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     app.add_middleware(RequestSizeLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(EndpointLabel)
     install_access_control(app, api_key, allowed_origins, allowed_hosts)   # outermost: before the body is read
-    for module in (completions, chat, embeddings, messages, tokenization):
+    for module in (completions, chat, embeddings, messages, responses, tokenization):
         app.include_router(module.router)
     _add_service_routes(app)
     if allow_runtime_lora_updating:
@@ -118,6 +123,7 @@ def _direct_routes() -> dict[str, DirectRoute]:
     return {"/v1/completions": DirectRoute(CompletionRequest, completions.create_completion),
             "/v1/chat/completions": DirectRoute(ChatCompletionRequest, chat.create_chat_completion),
             "/v1/messages": DirectRoute(MessagesRequest, messages.create_message),
+            "/v1/responses": DirectRoute(ResponsesRequest, responses.create_response),
             "/v1/embeddings": DirectRoute(EmbeddingRequest, embeddings.create_embedding)}
 
 

@@ -106,7 +106,8 @@ def serve(settings: ServeSettings, config: EngineConfig) -> int:
                          allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
                          dashboard=DashboardOptions(settings.dashboard, settings.dashboard_show_prompts),
                          vllm_metric_names=settings.vllm_metric_names,
-                         allow_runtime_lora_updating=settings.allow_runtime_lora_updating)
+                         allow_runtime_lora_updating=settings.allow_runtime_lora_updating,
+                         responses_store_size=settings.responses_store_size)
     except (ValueError, OSError) as exc:
         logger.error("cannot start the front end: %s", exc)
         asyncio.run(client.shutdown(5.0))

@@ -22,6 +22,7 @@ from server.generation import GenerationError, GenerationStream
 from server.logprobs import TokenText
 from server.lora import LoRARegistry
 from server.metrics import ServerMetrics
+from server.responses_store import ResponseStore
 from server.sse import await_or_disconnect
 from server.stream_response import ChoiceEvents, SSEResponse, StepWriter
 from server.text_work import TextWork
@@ -39,6 +40,7 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     options: ChatOptions = field(default_factory=ChatOptions)   # tool-call and reasoning parsers
     writer: StepWriter = field(default_factory=StepWriter)      # the streams' per-step rendering and writes
+    responses: ResponseStore = field(default_factory=ResponseStore)     # POST /v1/responses' stored answers
     loras: LoRARegistry | None = None                           # the LoRA adapters served (None: built from info)
 
     def __post_init__(self) -> None:

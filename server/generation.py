@@ -63,6 +63,7 @@ class GenerationStream:
         metrics.count_endpoint_request(endpoint)
         self.recorders = [RequestRecorder(metrics, endpoint) for _ in request_ids]
         self.choices: list[Choice] = [c for req in self.requests for c in req.choices]
+        self._cached = [0] * len(self.requests)       # prompt tokens each request found in the prefix cache
         self._abort = abort
         self._release = release
         self._closed = False
@@ -73,6 +74,11 @@ class GenerationStream:
     @property
     def num_prompt_tokens(self) -> int:
         return sum(len(r.prompt_token_ids) for r in self.requests)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache, as the engine reported them so far."""
+        return sum(self._cached)
 
     @property
     def num_completion_tokens(self) -> int:
@@ -188,6 +194,7 @@ class GenerationStream:
             req = self.requests[prompt_index]
             if req.finished:
                 continue    # tokens still in flight after we stopped every sample ourselves
+            self._cached[prompt_index] = max(self._cached[prompt_index], delta.num_cached_tokens)
             num_new = 0
             for choice_delta in req.process(delta):
                 num_new += len(choice_delta.token_ids)

@@ -18,6 +18,7 @@ import yaml
 
 from engine.config import ATTENTION_BACKENDS, POOLING_TYPES, QUANTIZATION_CHOICES, EngineConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
+from server.responses_store import DEFAULT_STORE_SIZE
 from server.security import parse_allowed_hosts, parse_origins
 
 # A live engine that completes no step for this long while work waits is reported stuck (/health 503).
@@ -41,6 +42,13 @@ def _positive_int(value: object) -> int:
     number = int(value)
     if number < 1:
         raise ValueError("must be at least 1")
+    return number
+
+
+def _non_negative_int(value: object) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be at least 0")
     return number
 
 
@@ -191,6 +199,9 @@ OPTIONS: tuple[Option, ...] = (
            ("hermes", "llama3_json")),
     Option("reasoning_parser", _optional_str, None, "Separate the model's <think> reasoning into "
            "message.reasoning_content.", ("qwen3", "deepseek_r1")),
+    Option("responses_store_size", _non_negative_int, DEFAULT_STORE_SIZE, "Responses of POST /v1/responses kept in "
+           "memory (store: true) for GET /v1/responses/{id} and previous_response_id; the oldest goes first. 0: "
+           "none are kept."),
     Option("dashboard", parse_bool, True, "Serve the live dashboard (GET /dashboard) and its data (GET /v1/stats)."),
     Option("dashboard_show_prompts", parse_bool, False, "Show prompts and outputs of recent requests on the "
            "dashboard (anyone with access to it can read them)."),

@@ -49,14 +49,16 @@ def _every_route(client: TestClient) -> list[tuple[str, str]]:
             pending.extend(route.original_router.routes)
         for method in sorted(getattr(route, "methods", None) or ()):
             if method != "HEAD":
-                routes.append((method, route.path.replace("{model:path}", "m").replace("{model}", "m")))
+                routes.append((method, route.path.replace("{model:path}", "m").replace("{model}", "m")
+                               .replace("{response_id}", "resp_1")))
     return routes + [("GET", "/no/such/route"), ("POST", "/v1/unknown")]
 
 
 def test_every_route_but_the_probes_needs_the_key(client: TestClient) -> None:
     routes = _every_route(client)
     assert {("GET", "/openapi.json"), ("GET", "/docs"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
-            ("POST", "/tokenize")} <= set(routes)
+            ("POST", "/tokenize"), ("POST", "/v1/messages"), ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_1"),
+            ("DELETE", "/v1/responses/resp_1"), ("GET", "/v1/responses/resp_1/input_items")} <= set(routes)
     for method, path in routes:
         for name, headers in BAD_CREDENTIALS.items():
             response = client.request(method, path, headers=headers, json={})

@@ -21,8 +21,8 @@ from tests.server.conftest import start_server
 
 API_KEY = "fuzz-key-0123456789"
 SEED = 20261122
-OPERATIONS = 13     # completions, chat, embeddings, messages, count_tokens, tokenize, detokenize, tokenizer_info,
-#                    models, model, health, version, metrics
+OPERATIONS = 17     # completions, chat, embeddings, messages, count_tokens, responses (create, retrieve, delete,
+#                    input_items), tokenize, detokenize, tokenizer_info, models, model, health, version, metrics
 
 
 @pytest.fixture(scope="module")
