@@ -4,9 +4,10 @@ projections) spread over the requests, against the same batch on the base model 
     python benchmarks/lora_cost.py [--model SmolLM2-135M-Instruct] [--rounds 2] [--out /tmp/lora_cost.json]
 
 Offline engine, greedy, ignore_eos: 64 random-token prompts of 64..256 tokens, 128 output tokens each (the
-batch64 workload of benchmarks/vs_vllm_cpu.py). Base and LoRA runs alternate (base, lora, base, lora...) in
-one process so that drift of a shared machine shows up in both; each run's output tok/s is printed. The
-adapters are random (A and B non-zero), written in PEFT's layout.
+batch64 workload of benchmarks/vs_vllm_cpu.py). Three modes alternate in one process (so that drift of a
+shared machine shows up in all): `off`, the base model in an engine without --enable-lora; `base`, the base
+model in the LoRA engine; `lora`, the LoRA engine with the adapters spread over the requests. Each run's
+output tok/s is printed. The adapters are random (A and B non-zero), written in PEFT's layout.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     llm = LLM(model=args.model, max_num_seqs=64, enable_lora=True, max_loras=args.num_adapters,
               max_lora_rank=args.rank)
+    plain = LLM(model=args.model, max_num_seqs=64)
     cfg = llm.engine.model.full_config
     root = Path(tempfile.mkdtemp(prefix="lora-bench-"))
     adapters = [LoRARequest(f"a{i}", i + 1, str(write_adapter(root / f"a{i}", cfg, args.rank, i)))
@@ -73,16 +75,20 @@ def main() -> None:
     prompts = make_prompts(1, 64, 64, 256, cfg.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     spread = [adapters[i % len(adapters)] for i in range(len(prompts))]
-    timed_run(llm, prompts[:8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), spread[:8])  # warm-up
-    results: dict[str, list[float]] = {"base": [], "lora": []}
+    warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    timed_run(llm, prompts[:8], warm, spread[:8])
+    timed_run(plain, prompts[:8], warm, None)
+    results: dict[str, list[float]] = {"off": [], "base": [], "lora": []}
     for _ in range(args.rounds):
-        for mode, loras in (("base", None), ("lora", spread)):
-            results[mode].append(timed_run(llm, prompts, params, loras))
+        for mode, engine, loras in (("off", plain, None), ("base", llm, None), ("lora", llm, spread)):
+            results[mode].append(timed_run(engine, prompts, params, loras))
             print(f"{mode}: {results[mode][-1]:.1f} output tok/s", flush=True)
     best = {mode: max(v) for mode, v in results.items()}
     summary = {"model": args.model, "dtype": llm.engine.config.dtype, "adapters": args.num_adapters,
-               "rank": args.rank, "runs": results, "best": best, "lora_over_base": best["lora"] / best["base"]}
-    print(f"LoRA / base (best of {args.rounds}): {summary['lora_over_base']:.3f}")
+               "rank": args.rank, "runs": results, "best": best, "lora_over_off": best["lora"] / best["off"],
+               "lora_over_base": best["lora"] / best["base"]}
+    print(f"best of {args.rounds}: LoRA / base without --enable-lora {summary['lora_over_off']:.3f}, "
+          f"LoRA / base in the LoRA engine {summary['lora_over_base']:.3f}")
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2))
 

@@ -44,7 +44,7 @@ class LoRAManager:
         self.cfg: ModelConfig = model.full_config
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.dtype = dtype
-        self.batch = LoRABatch()
+        self.batch = LoRABatch(max_loras)
         self.projections: dict[tuple[int, str], LoRAProjection] = {}
         for i, layer in enumerate(model.layers):
             for name in PROJECTIONS:

@@ -16,7 +16,7 @@ def test_shrink_expand_match_the_reference(dtype, tol, num_tokens, k, n, width):
     slots = 3
     x = torch.randn(num_tokens, k, generator=g).to(dtype).to(DEVICE)
     a = torch.randn(slots, width, k, generator=g).to(dtype).to(DEVICE)
-    b = torch.randn(slots, n, width, generator=g).to(dtype).to(DEVICE)
+    b = torch.randn(slots, width, n, generator=g).to(dtype).to(DEVICE)
     token_slots = torch.randint(-1, slots, (num_tokens,), generator=g, dtype=torch.int32)
     token_slots[0] = -1                  # the base model's tokens are left as they are
     token_slots = token_slots.to(DEVICE)
