@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from server.protocol import ChatCompletionRequest, ChatMessage
+from server.protocol import ChatCompletionRequest, ChatMessage, refuse_types
 from server.structured_request import FunctionDefinition, FunctionName, NamedToolChoice, Tool
 
 _BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking")
@@ -77,13 +77,7 @@ class AnthropicMessageParam(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _supported_blocks(cls, content: Any) -> Any:
-        """An image or document block (or any other) is named in the 400, rather than failing the union."""
-        for block in content if isinstance(content, list) else ():
-            kind = block.get("type") if isinstance(block, dict) else None
-            if isinstance(kind, str) and kind not in _BLOCK_TYPES:
-                raise ValueError(f"content blocks of type {kind!r} are not supported by this server; send "
-                                 f"{', '.join(_BLOCK_TYPES)} blocks.")
-        return content
+        return refuse_types(content, _BLOCK_TYPES, "content blocks", f"{', '.join(_BLOCK_TYPES)} blocks")
 
 
 class AnthropicTool(_Strict):

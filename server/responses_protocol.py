@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from server.protocol import ChatCompletionRequest, ChatMessage
+from server.protocol import ChatCompletionRequest, ChatMessage, refuse_types
 from server.structured_request import (
     FunctionDefinition,
     FunctionName,
@@ -91,13 +91,7 @@ class MessageItem(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _supported_parts(cls, content: Any) -> Any:
-        """An image or file part (or any other) is named in the 400, rather than failing the union."""
-        for part in content if isinstance(content, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind not in _PART_TYPES:
-                raise ValueError(f"content parts of type {kind!r} are not supported by this server; send "
-                                 f"{', '.join(_PART_TYPES)} parts.")
-        return content
+        return refuse_types(content, _PART_TYPES, "content parts", f"{', '.join(_PART_TYPES)} parts")
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "\n".join(p.content() for p in self.content)
@@ -262,12 +256,8 @@ class ResponsesRequest(_Strict):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools(cls, tools: Any) -> Any:
-        for tool in tools if isinstance(tools, list) else ():
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "function":
-                raise ValueError(f"tools of type {kind!r} (built-in tools) are not supported by this server; "
-                                 "send function tools: {type: \"function\", name, parameters}.")
-        return tools
+        return refuse_types(tools, ("function",), "tools", 'function tools (built-in tools are not): {type: '
+                            '"function", name, parameters}')
 
     @field_validator("tool_choice", mode="before")
     @classmethod

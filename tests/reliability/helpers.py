@@ -126,3 +126,23 @@ def wait_gone(pid: int, timeout: float) -> float:
         assert time.monotonic() - start < timeout, f"process {pid} still running after {timeout} s"
         time.sleep(0.02)
     return time.monotonic() - start
+
+
+async def refused_while_full(base_url: str, path: str, body: dict[str, Any]) -> tuple[httpx.Response, int]:
+    """A request to `path` refused with the queue full, and the status of a stream to it that waited and whose
+    client left. By construction: one completion runs on a slow engine, then the engine is held, so the
+    stream waits until its client leaves (which aborts it) and the second request finds the queue full.
+    Needs a server with --max-num-seqs 1 --max-queue-len 1 and fault injection (FAULTS)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=GUARD_S) as client:
+        await fault_async(client, "slow")
+        running = asyncio.create_task(post(client, "/v1/completions", long_body(max_tokens=200, n=1)))
+        await wait_for_metrics(client, lambda m: gauges(m) == (1, 0), "one running")
+        await fault_async(client, "hold")
+        async with client.stream("POST", path, json={**body, "stream": True}) as waiting:
+            await wait_for_metrics(client, lambda m: gauges(m) == (1, 1), "one running, one waiting")
+            refused = await client.post(path, json=body)
+        # The stream's client left: its request is aborted, though the engine runs no step.
+        await wait_for_metrics(client, lambda m: gauges(m) == (1, 0), "the waiting request aborted")
+        await fault_async(client, "release")
+        assert (await running).status == 200
+        return refused, waiting.status_code

@@ -13,9 +13,9 @@ import anthropic
 import httpx
 import pytest
 
-from tests.reliability.helpers import FAULTS, fault_async, gauges, long_body, post, wait_for_metrics
+from tests.reliability.helpers import FAULTS, refused_while_full
 from tests.server.conftest import MODEL_NAME, start_server
-from tests.server.prom import GUARD_S, scrape
+from tests.server.prom import scrape
 
 MESSAGE = {"model": MODEL_NAME, "max_tokens": 50, "messages": [{"role": "user", "content": "Hi"}]}
 
@@ -27,26 +27,9 @@ def server(tiny_checkpoint) -> Iterator:
     proc.stop()
 
 
-async def _full_queue(base_url: str) -> tuple[httpx.Response, int]:
-    """A message refused while one request runs and one waits; returns it, and the waiting one's status."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=GUARD_S) as client:
-        await fault_async(client, "slow")
-        running = asyncio.create_task(post(client, "/v1/completions", long_body(max_tokens=200, n=1)))
-        await wait_for_metrics(client, lambda m: gauges(m) == (1, 0), "one running")
-        await fault_async(client, "hold")
-        async with client.stream("POST", "/v1/messages", json={**MESSAGE, "stream": True}) as waiting:
-            await wait_for_metrics(client, lambda m: gauges(m) == (1, 1), "one running, one waiting")
-            refused = await client.post("/v1/messages", json=MESSAGE)
-        # The stream's client left: its request is aborted, though the engine runs no step.
-        await wait_for_metrics(client, lambda m: gauges(m) == (1, 0), "the waiting message aborted")
-        await fault_async(client, "release")
-        assert (await running).status == 200
-        return refused, waiting.status_code
-
-
 def test_full_queue_and_disconnect(server, http: httpx.Client) -> None:
     before = scrape(http)
-    refused, waiting_status = asyncio.run(_full_queue(server.base_url))
+    refused, waiting_status = asyncio.run(refused_while_full(server.base_url, "/v1/messages", MESSAGE))
     assert waiting_status == 200
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     assert refused.headers["content-type"].startswith("application/json")
