@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from server.api_schema import AnthropicMessage, CountTokensResponse, errors, generation_responses
 from server.chat import plan_request, start_chat
 from server.chat_output import ChatOutputFormat
-from server.context import ServingContext, get_context, respond, response_id
+from server.context import get_context, respond, response_id
 from server.errors import anthropic_error_body
 from server.generation import ChoiceDelta, GenerationError, GenerationStream
 from server.limits import StrictJSONRoute
@@ -33,7 +33,7 @@ async def create_message(body: MessagesRequest, raw_request: Request) -> Respons
     arrival = time.monotonic()
     request_id = response_id("msg").replace("-", "_", 1)       # Anthropic's ids: msg_...
     plan, stream = await start_chat(raw_request, body.to_chat(), request_id, arrival)
-    view = _MessagesView(get_context(raw_request), request_id, plan.output, stream.model)
+    view = _MessagesView(request_id, plan.output, stream.model)
     return await respond(raw_request, stream, view, body.stream)
 
 
@@ -47,8 +47,8 @@ async def count_tokens(body: CountTokensRequest, raw_request: Request) -> dict[s
 
 
 class _MessagesView:
-    def __init__(self, ctx: ServingContext, message_id: str, output: ChatOutputFormat, model: str) -> None:
-        self.ctx, self.id, self.output, self.model = ctx, message_id, output, model
+    def __init__(self, message_id: str, output: ChatOutputFormat, model: str) -> None:
+        self.id, self.output, self.model = message_id, output, model
         self.deltas = output.stream()
         self.blocks = BlockEvents()
         self.finish: tuple[str, str | None] = ("end_turn", None)

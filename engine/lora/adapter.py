@@ -43,7 +43,7 @@ class LoRAWeights:
     pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _config(path: Path, max_rank: int) -> dict:
+def _config(path: Path) -> dict:
     config_file = path / "adapter_config.json"
     if not path.is_dir():
         raise ValueError(f"LoRA adapter directory {str(path)!r} does not exist.")
@@ -99,7 +99,7 @@ def _module_of(name: str, num_layers: int, path: Path) -> tuple[int, str, object
 def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoRAWeights:
     """Reads and checks the adapter (ValueError saying what is wrong) and lays it out for this rank."""
     path = Path(request.lora_path)
-    config = _config(path, max_rank)
+    config = _config(path)
     alpha, rslora = float(config.get("lora_alpha", config["r"])), bool(config.get("use_rslora"))
     found: dict[tuple[int, str, object], dict[str, torch.Tensor]] = {}
     try:
