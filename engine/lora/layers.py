@@ -2,10 +2,10 @@
 
 Every adapted projection holds a slot table (A [max_loras, W, in], B [max_loras, W, out] with W = S*R;
 engine/lora/adapter.py); the step's `token_slots` ([num_tokens], -1 for the base model) say which slot each
-token reads. On CPU one GEMM shrinks every token against every slot at once ([T, max_loras * W]), a mask
-built once per step keeps each token's own slot's columns (zero for the base), and one GEMM expands them
-into the output: two GEMMs per projection whatever the mix of adapters (the slots' extra rank columns cost
-little: W is small). On CUDA the Triton kernels of kernels/lora.py read the slot of each token, one shrink
+token reads. On CPU one GEMM shrinks every token against every slot at once ([T, max_loras * W]: the extra
+columns cost little, W is small), then each adapter's tokens (found once per step, shared by every layer)
+are expanded from their own slot's columns with one GEMM per adapter in the step: the expand, whose output
+is wide, does no work for other slots. On CUDA the Triton kernels of kernels/lora.py read the slot of each token, one shrink
 and one expand per projection, with no host sync (so the step can be graph-captured).
 """
 from __future__ import annotations
@@ -23,8 +23,7 @@ class LoRABatch:
     def __init__(self, max_loras: int = 1) -> None:
         self.max_loras = max_loras
         self.token_slots: torch.Tensor | None = None
-        self._one_hot: torch.Tensor | None = None          # [T, max_loras, 1]: the slot each token reads
-        self._masks: dict[int, torch.Tensor] = {}          # rank width W -> [T, max_loras * W]
+        self.groups: list[tuple[int, slice | torch.Tensor]] = []   # CPU: (slot, the rows that read it)
 
     @property
     def active(self) -> bool:
@@ -32,22 +31,22 @@ class LoRABatch:
 
     def set(self, token_slots: torch.Tensor | None) -> None:
         """token_slots None (or, on CPU, all -1): no adapter in the step, every projection is the base's."""
-        self._masks.clear()
         if token_slots is not None and token_slots.device.type == "cpu":
-            if not bool((token_slots >= 0).any()):
-                token_slots = None
-            else:
-                slots = token_slots.long()
-                self._one_hot = (slots[:, None] == torch.arange(self.max_loras)).unsqueeze(-1)
+            self.groups = _groups(token_slots)
+            token_slots = token_slots if self.groups else None
         self.token_slots = token_slots
 
-    def mask(self, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """[T, max_loras * width]: 1 in the columns of each token's slot, else 0 (shared by the layers)."""
-        mask = self._masks.get(width)
-        if mask is None or mask.dtype != dtype:
-            mask = self._one_hot.expand(-1, -1, width).reshape(self._one_hot.shape[0], -1).to(dtype)
-            self._masks[width] = mask
-        return mask
+
+def _groups(token_slots: torch.Tensor) -> list[tuple[int, slice | torch.Tensor]]:
+    """(slot, its rows) per adapter in the step: a slice where the rows are one run (one adapter's
+    sequences next to each other), else their indices."""
+    groups: list[tuple[int, slice | torch.Tensor]] = []
+    for slot in torch.unique(token_slots).tolist():
+        if slot >= 0:
+            rows = torch.nonzero(token_slots == slot).flatten()
+            first, last = int(rows[0]), int(rows[-1])
+            groups.append((slot, slice(first, last + 1) if last - first + 1 == len(rows) else rows))
+    return groups
 
 
 class LoRAProjection:
@@ -83,5 +82,12 @@ class LoRAProjection:
             h = self.reduce(lora_shrink(x, self.a, slots))
             lora_expand(h, self.b, slots, out)
             return out
-        h = self.reduce(x @ self.a_flat.T) * self.batch.mask(self.width, x.dtype)
-        return out.addmm_(h.to(out.dtype), self.b_flat)
+        h = self.reduce(x @ self.a_flat.T).to(out.dtype)
+        width = self.width
+        for slot, rows in self.batch.groups:
+            own = h[rows, slot * width:(slot + 1) * width]
+            if isinstance(rows, slice):
+                out[rows].addmm_(own, self.b[slot])
+            else:
+                out.index_add_(0, rows, own @ self.b[slot])
+        return out
