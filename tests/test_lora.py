@@ -22,8 +22,12 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     llama, qwen3 = make_checkpoint(root, "llama"), make_checkpoint(root, "qwen3")
+    mistral, qwen2 = make_checkpoint(root, "mistral"), make_checkpoint(root, "qwen2")
     return {
-        "llama": llama, "qwen3": qwen3,
+        "llama": llama, "qwen3": qwen3, "mistral": mistral, "qwen2": qwen2,
+        "mistral-all": make_adapter(mistral, root / "mistral-all", ALL, rank=8, alpha=16, seed=6),
+        "qwen2-qkvo": make_adapter(qwen2, root / "qwen2-qkvo", ["q_proj", "k_proj", "v_proj", "o_proj"], rank=8,
+                                   alpha=16, seed=7),   # qwen2's q/k/v have biases: the adapter adds after them
         "llama-all": make_adapter(llama, root / "llama-all", ALL, rank=8, alpha=16, seed=1),
         "llama-qv": make_adapter(llama, root / "llama-qv", ["q_proj", "v_proj"], rank=4, alpha=8, seed=2),
         "llama-rslora": make_adapter(llama, root / "llama-rslora", ["o_proj", "down_proj", "k_proj"], rank=16,
@@ -45,7 +49,8 @@ def engine(path, **kw) -> LLM:
     return LLM(model=str(path), device="cpu", dtype="float32", block_size=4, enable_lora=True, max_lora_rank=16, **kw)
 
 
-@pytest.mark.parametrize("adapter", ["llama-all", "llama-qv", "llama-rslora", "qwen3-all", "qwen3-qv"])
+@pytest.mark.parametrize("adapter", ["llama-all", "llama-qv", "llama-rslora", "qwen3-all", "qwen3-qv", "mistral-all",
+                                     "qwen2-qkvo"])
 def test_adapter_matches_peft(models, adapter):
     base = models[adapter.split("-")[0]]
     prompts = random_prompts(1000, [5, 23], seed=len(adapter))
