@@ -7,6 +7,7 @@ import torch
 
 from engine.cpu_dtype import cpu_auto_dtype
 from engine.default_model import DEFAULT_MODEL
+from engine.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
@@ -50,6 +51,8 @@ class EngineConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()   # (name, PEFT directory) loaded at startup, ids 1, 2, ...
     # Tensor parallelism (engine/distributed/): ranks in all, spread evenly over nnodes nodes; the ranks
     # meet at master_addr:master_port (None: env MASTER_ADDR / MASTER_PORT, else this host and a free port).
+    # Speculative decoding (engine/spec_decode/): ngram or draft_model proposals, verified exactly
+    speculative_config: SpeculativeConfig | None = None
     tensor_parallel_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -84,6 +87,12 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1].")
         self._check_parallel()
         self._check_lora()
+        if self.speculative_config is not None:
+            if not isinstance(self.speculative_config, SpeculativeConfig):    # a dict or JSON text
+                object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+            if self.async_scheduling:
+                raise ValueError("speculative decoding (--speculative-config) runs without async_scheduling: "
+                                 "the drafts are proposed from the sampled tokens.")
 
     def _check_lora(self) -> None:
         if self.max_loras < 1 or self.max_lora_rank < 1:
@@ -124,7 +133,8 @@ class EngineConfig:
         if backend == "auto":
             backend = "triton" if device.startswith("cuda") else "cpu"
         overlap = device.startswith("cuda") if self.async_scheduling is None else self.async_scheduling
-        overlap = overlap and self.tensor_parallel_size == 1   # workers would need the sampled tokens
+        # Workers would need the sampled tokens; drafts are proposed from them too.
+        overlap = overlap and self.tensor_parallel_size == 1 and self.speculative_config is None
         if device.startswith("cuda") and self.tensor_parallel_size > 1:
             local_ranks, have = self.tensor_parallel_size // self.nnodes, torch.cuda.device_count()
             if local_ranks > have:

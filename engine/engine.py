@@ -23,7 +23,9 @@ from engine.request import Request, SeqStatus, Sequence, collect_prompt_logprobs
 from engine.runner_setup import build_runner, plan_model
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.spec_decode.proposer import SpecProposer
+from engine.spec_decode.rejection import DraftTensors
 from engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class LLMEngine:
                                    self.max_model_len, cfg.max_loras if cfg.enable_lora else 0)
 
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
+        spec = cfg.speculative_config
+        self.spec = None if spec is None else SpecProposer(spec, self.max_model_len)
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
@@ -226,6 +230,8 @@ class LLMEngine:
             deltas += self._resolve(self.in_flight)  # penalties read the real tokens on the host
             self.in_flight = None
         t0 = time.perf_counter()
+        if self.spec is not None:      # drafts need the real tokens: speculation runs without overlap
+            self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         preempted, self.scheduler.preempted = self.scheduler.preempted, []
         if self.lora is not None and sched.scheduled:
@@ -273,7 +279,7 @@ class LLMEngine:
         pool = plan_pooling(sched.scheduled)      # embedding requests' chunks (before counting them computed)
         lora_slots = None if self.lora is None else self.lora.slot_array([i.seq.request.lora_id for i in sched.scheduled])
         inputs = self.runner.build_inputs(sched, pool, lora_slots)  # placeholders are filled on the device (overlap)
-        sampling: list[Sequence] = []
+        sampling: list[ScheduledSeq] = []
         scored: list[tuple[Sequence, range]] = []     # prompt_logprobs, in the runner's row order
         scored_only: list[Sequence] = []              # max_tokens 0: the prompt is done, nothing to sample
         step = StepStats(0.0, 0, 0, 0)
@@ -283,24 +289,22 @@ class LLMEngine:
                 scored.append((seq, seq.prompt_logprob_positions(item.num_new_tokens)))
             seq.num_computed_tokens += item.num_new_tokens
             step.num_context_tokens += seq.num_computed_tokens
-            if item.num_new_tokens == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
+            if (item.num_new_tokens - item.num_spec_tokens == 1
+                    and seq.num_computed_tokens - item.num_spec_tokens > seq.num_prompt_tokens):
                 step.num_decode_seqs += 1
             else:   # a prompt chunk, or tokens recomputed after a preemption
                 step.num_prefill_tokens += item.num_new_tokens
                 step.prefill_chunks.append((seq.request.request_id, item.num_new_tokens))
             if item.samples:
-                sampling.append(seq)
+                sampling.append(item)
             elif seq.num_computed_tokens == seq.num_tokens and seq.request.pooling is None:
                 scored_only.append(seq)     # max_tokens 0: its prompt is complete (embeddings: engine/pooling.py)
-        rows, counts = [], []
-        for seq in sampling:
-            family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
-            rows.extend(family)
-            counts.append(len(family))
-        st = self.sampler.prepare([SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids,
-                                             s.generator) for s in rows]) if rows else None
+        rows, counts, sample_rows, drafts = self._sampling_rows(sampling)
+        st = self.sampler.prepare(sample_rows) if rows else None
         if st is not None:
             st.grammar = self.structured.bitmask(rows, self.device)
+            if any(drafts):
+                st.drafts = DraftTensors.build(drafts, self.device)
         positions = []
         for i, seq in enumerate(rows):
             seq.token_ids.append(PLACEHOLDER)
@@ -309,13 +313,38 @@ class LLMEngine:
         scored = [(seq, span) for seq, span in scored if span]
         task = StepTask(
             inputs, sched.block_copies, self.in_flight.future if inputs.fill_dst is not None else None,
-            torch.tensor(counts, device=self.device) if len(rows) != len(sampling) else None, st,
+            torch.tensor(counts, device=self.device) if len(counts) != len(rows) else None, st,
             max(seq.params.prompt_logprobs for seq, _ in scored) if scored else None)
         prepare_s = time.perf_counter() - t1
         launched = LaunchedStep(sched, rows, positions, scored, self.executor.submit(task))
         launched.schedule_s, launched.prepare_s, launched.step = t1 - t0, prepare_s, step
         launched.scored_only, launched.pool = scored_only, pool
+        launched.spec = [(i.seq, i.num_spec_tokens) for i in sampling if i.num_spec_tokens]
         return launched
+
+    def _sampling_rows(self, sampling: list[ScheduledSeq]
+                       ) -> tuple[list[Sequence], list[int], list[SampleRow], list[list[int]]]:
+        """The sampled rows in order: one per sequence, n for a request's first sample (its forks sample from
+        the same logits: counts says how often each logits row repeats), 1 + k for a sequence verifying k
+        drafts (each row sees the drafts before it as outputs, for penalties and min_tokens); and each
+        row group's drafts."""
+        rows: list[Sequence] = []
+        counts: list[int] = []
+        sample_rows: list[SampleRow] = []
+        drafts: list[list[int]] = []
+        for item in sampling:
+            seq = item.seq
+            family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
+            spec = seq.spec_token_ids[:item.num_spec_tokens]
+            for j in range(len(spec)):
+                sample_rows.append(SampleRow(seq.params, seq.request.prompt_token_ids,
+                                             seq.output_token_ids + spec[:j], seq.generator))
+            rows += [seq] * len(spec) + family
+            counts += [1] * len(spec) + [len(family)]
+            sample_rows += [SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids + spec, s.generator)
+                            for s in family]
+            drafts += [spec] + [[]] * (len(family) - 1)
+        return rows, counts, sample_rows, drafts
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """The request's other samples, each sampled from the prompt's logits of this step; the scheduler
@@ -354,10 +383,13 @@ class LLMEngine:
         deltas: dict[str, RequestDelta] = {}
         if result.prompt_logprobs is not None:
             collect_prompt_logprobs(launched.scored, result.prompt_logprobs)
+        accepted = self._accepted_drafts(launched, result.tokens)
         for i, (seq, pos) in enumerate(zip(launched.rows, launched.positions)):
-            if seq.status is SeqStatus.FINISHED:  # finished or aborted while this step ran
+            tok = result.tokens[i]
+            # finished or aborted while this step ran, or past a rejected draft
+            if seq.status is SeqStatus.FINISHED or tok < 0:
                 continue
-            req, tok = seq.request, result.tokens[i]
+            req = seq.request
             seq.token_ids[pos] = tok
             entry = None
             if seq.logprobs is not None and result.logprobs is not None:
@@ -371,8 +403,11 @@ class LLMEngine:
                 self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
-            self._delta(deltas, req).seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry],
-                                                               seq.finish_reason, seq.stop_reason))
+            _add_token(self._delta(deltas, req), seq, tok, entry)
+        for seq, num_accepted, num_rejected in accepted:
+            if seq.status is not SeqStatus.FINISHED:
+                del seq.token_ids[len(seq.token_ids) - num_rejected:]    # the placeholders of rejected rows
+                self.scheduler.reject_drafts(seq, num_rejected)
         for seq in launched.scored_only:
             if seq.status is not SeqStatus.FINISHED:
                 self._finish_scoring(seq, deltas, now)
@@ -385,6 +420,19 @@ class LLMEngine:
                 req.timings.finished_time = now
                 del self.requests[delta.request_id]
         return list(deltas.values())
+
+    def _accepted_drafts(self, launched: LaunchedStep, tokens: list[int]) -> list[tuple[Sequence, int, int]]:
+        """(sequence, drafts accepted, drafts rejected) for each sequence that verified drafts; counted."""
+        out = []
+        if launched.spec:
+            emitted: dict[int, int] = {}
+            for seq, tok in zip(launched.rows, tokens):
+                emitted[seq.seq_id] = emitted.get(seq.seq_id, 0) + (tok >= 0)
+            for seq, k in launched.spec:
+                num_accepted = emitted[seq.seq_id] - 1
+                self.spec.record(seq, k, num_accepted)
+                out.append((seq, num_accepted, k - num_accepted))
+        return out
 
     @staticmethod
     def _delta(deltas: dict[str, RequestDelta], req: Request) -> RequestDelta:
@@ -468,4 +516,19 @@ class LLMEngine:
     def fail_all(self, error: BaseException) -> list[RequestDelta]:
         return self._fail(self.requests.values(), error)
 
+
+def _add_token(delta: RequestDelta, seq: Sequence, tok: int, entry: TokenLogprob | None) -> None:
+    """Appends a token to its sample's news of this step (several tokens with speculative decoding)."""
+    last = delta.seqs[-1] if delta.seqs else None
+    if last is None or last.index != seq.index:
+        delta.seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry], seq.finish_reason,
+                                        seq.stop_reason))
+        return
+    last.new_token_ids.append(tok)
+    if entry is not None:
+        last.new_logprobs.append(entry)
+    last.finish_reason, last.stop_reason = seq.finish_reason, seq.stop_reason
+
+
 from engine.loop import EngineLoop  # noqa: E402,F401  (the engine's thread lives beside it)
+

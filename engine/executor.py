@@ -20,6 +20,7 @@ from engine.pooling import PoolChunk
 from engine.request import Sequence
 from engine.sampler import Sampler, SamplerOutput, SamplingTensors, score_tokens
 from engine.scheduler import SchedulerOutput
+from engine.spec_decode.rejection import verify_drafts
 
 PLACEHOLDER = -1  # a token id that is still being sampled on the device
 
@@ -50,6 +51,7 @@ class LaunchedStep:
     step: StepStats | None = None            # what the step computes, for the engine's stats
     scored_only: list[Sequence] = field(default_factory=list)   # max_tokens 0: prompts it completes
     pool: list[PoolChunk] = field(default_factory=list)         # embedding requests' chunks, in batch order
+    spec: list[tuple[Sequence, int]] = field(default_factory=list)   # sequences verifying drafts, and how many
 
 
 @dataclass
@@ -105,11 +107,15 @@ class StepExecutor:
             return StepResult(torch.empty(0, dtype=torch.long), [], None, t1 - t0, 0.0, prompt_logprobs, pooled)
         if task.counts is not None:
             logits = logits.repeat_interleave(task.counts, dim=0)
-        out = self.sampler.sample(logits, task.sampling)
+        out = self.sampler.sample(logits, task.sampling,
+                                  pick=None if task.sampling.drafts is None else self._verify)
         tokens = out.token_ids.tolist()  # the one device->host copy of the step
         logprobs = _lists(out) if out.logprobs is not None else None
         return StepResult(out.token_ids, tokens, logprobs, t1 - t0, time.perf_counter() - t1, prompt_logprobs,
                           pooled)
+
+    def _verify(self, x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        return verify_drafts(self.sampler, x, st)
 
     @staticmethod
     def _previous_tokens(task: StepTask) -> torch.Tensor:

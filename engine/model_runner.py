@@ -98,7 +98,8 @@ class ModelRunner:
         scored_rows: list[np.ndarray] = []        # prompt_logprobs: few requests ask, most steps have none
         scored_ids: list[int] = []
         for i, s in enumerate(items):
-            input_ids[cu[i]:cu[i + 1]] = s.seq.token_ids[starts[i]:seq_lens[i]]
+            tokens = s.seq.token_ids[starts[i]:seq_lens[i]]
+            input_ids[cu[i]:cu[i + 1]] = tokens + s.seq.spec_token_ids if s.num_spec_tokens else tokens
             block_tables[i, :len(s.seq.block_table)] = s.seq.block_table
             if s.seq.request.prompt_logprobs is not None:
                 span = s.seq.prompt_logprob_positions(s.num_new_tokens)
@@ -108,7 +109,7 @@ class ModelRunner:
         bs = self.block_size
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
         sampling = np.fromiter((s.samples for s in items), bool, len(items))
-        logits_indices = cu[1:][sampling] - 1
+        logits_indices = _logits_rows(items, cu, sampling)
         fill_dst = np.flatnonzero(input_ids < 0)
         fill_src = np.fromiter((items[r].seq.pending_row for r in rows[fill_dst]), np.int64, len(fill_dst))
         prompt_rows = np.concatenate(scored_rows) if scored_rows else np.zeros(0, np.int64)
@@ -167,3 +168,14 @@ class ModelRunner:
         if scoring:
             rows = torch.cat([rows, inputs.prompt_logits_indices])
         return self.model.compute_logits(hidden[rows])
+
+
+def _logits_rows(items: list, cu: np.ndarray, sampling: np.ndarray) -> np.ndarray:
+    """The rows whose logits are sampled: each sampling sequence's last token, and with speculative decoding
+    also the rows before it that verify its draft tokens (1 + num_spec_tokens rows, in order)."""
+    ends = cu[1:][sampling]
+    num_rows = np.fromiter((s.num_spec_tokens for s in items), np.int64, len(items))[sampling] + 1
+    if (num_rows == 1).all():
+        return ends - 1
+    first = np.cumsum(num_rows) - num_rows
+    return np.repeat(ends - num_rows - first, num_rows) + np.arange(int(num_rows.sum()))

@@ -14,6 +14,7 @@ from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.executor import LogprobLists
+    from engine.spec_decode.proposer import SpecState
     from engine.structured.compiler import PendingGrammar
     from engine.structured.matcher import SeqMatcher
 
@@ -76,6 +77,9 @@ class Sequence:
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] | None = None
     matcher: SeqMatcher | None = None  # its grammar's state (constrained requests only)
+    # Speculative decoding: draft tokens to verify in the next step (never part of token_ids), and backoff
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec: SpecState | None = None
     # Mean pooling over chunked prefill: the sum of the final hidden states of positions [0, num_pooled)
     pooled_sum: torch.Tensor | None = None
     num_pooled: int = 0

@@ -11,12 +11,17 @@ rows share the batch or where it sits in it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import xgrammar
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.spec_decode.rejection import DraftTensors
 
 _NEG_INF = float("-inf")
 _INF = float("inf")
@@ -62,6 +67,7 @@ class SamplingTensors:
     seeded: list[tuple[int, torch.Generator]]                      # (row, its generator)
     max_logprobs: int | None             # None: nobody asked for logprobs
     grammar: tuple[torch.Tensor | None, torch.Tensor] | None = None  # (rows or None: all, [R, ceil(V/32)] int32)
+    drafts: DraftTensors | None = None   # speculative decoding: what the rows verify (engine/spec_decode)
 
 
 @dataclass
@@ -191,13 +197,16 @@ class Sampler:
             raise ValueError(f"{what} names token id {bad[0]}, outside the vocabulary (size {self.vocab_size}).")
 
     # ---------------------------------------------------------------------------------- device side
-    def sample(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
-        """logits: [num_rows, vocab] (fp32). No host<->device synchronisation happens here."""
+    def sample(self, logits: torch.Tensor, st: SamplingTensors,
+               pick: Callable[[torch.Tensor, SamplingTensors], torch.Tensor] | None = None) -> SamplerOutput:
+        """logits: [num_rows, vocab] (fp32). No host<->device synchronisation happens here.
+        pick: chooses the tokens from the processed logits instead of sampling them (speculative decoding's
+        verification, engine/spec_decode/rejection.py)."""
         if tuple(logits.shape) != (st.num_rows, self.vocab_size):
             raise RuntimeError(f"logits of shape {tuple(logits.shape)} for {st.num_rows} rows and a "
                                f"vocabulary of {self.vocab_size}")
         plain = (st.bias is None and st.banned is None and st.penalties is None and st.max_logprobs is None
-                 and st.grammar is None)
+                 and st.grammar is None and pick is None)
         if st.all_greedy and plain:
             # The common fast path: one scrub (NaN would win an argmax) and one argmax.
             return SamplerOutput(_scrub(logits, posinf=_INF).argmax(-1), None, None, None, None)
@@ -212,7 +221,9 @@ class Sampler:
             x.index_put_(st.banned, x.new_tensor(_NEG_INF))
         if st.penalties is not None:
             _apply_penalties(x, st.penalties, self.vocab_size)
-        if st.all_greedy:
+        if pick is not None:
+            token_ids = pick(x, st)
+        elif st.all_greedy:
             token_ids = x.argmax(-1)
         else:
             greedy_ids = x.argmax(-1) if st.any_greedy else None   # before x is tempered in place
@@ -222,20 +233,32 @@ class Sampler:
         return _with_logprobs(token_ids, raw_logprobs, st.max_logprobs)
 
     def _sample(self, x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        x.div_(st.temperature.unsqueeze(1))
-        if st.top_k is not None or st.top_p is not None:
-            _apply_top_k_top_p(x, st.top_k, st.top_p)
-        if st.min_p is not None:
-            # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p); log(0) = -inf masks nothing.
-            floor = x.amax(-1, keepdim=True) + st.min_p.log().unsqueeze(1)
-            x.masked_fill_(x < floor, _NEG_INF)
-        # Gumbel-max, the log form of the exponential race argmax(p / E): argmax(x - log E), E = -log U.
-        # Seeded rows overwrite their noise from their own generator.
-        uniform = torch.empty_like(x).uniform_(generator=self.generator)
+        temper(x, st)
+        return gumbel_argmax(x, self.uniform(x, st))
+
+    def uniform(self, like: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """U(0, 1) noise shaped like `like` (rows first); seeded rows draw theirs from their own generator."""
+        uniform = torch.empty_like(like, dtype=torch.float32).uniform_(generator=self.generator)
         for row, gen in st.seeded:
             uniform[row].uniform_(generator=gen)
-        # U = 0 gives E = inf: that token cannot win (an event of probability 2^-24 per token).
-        return (x - uniform.log_().neg_().log_()).argmax(-1)
+        return uniform
+
+
+def temper(x: torch.Tensor, st: SamplingTensors) -> None:
+    """In place: temperature, then top_k / top_p and min_p masking (the sampled rows' distribution)."""
+    x.div_(st.temperature.unsqueeze(1))
+    if st.top_k is not None or st.top_p is not None:
+        _apply_top_k_top_p(x, st.top_k, st.top_p)
+    if st.min_p is not None:
+        # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p); log(0) = -inf masks nothing.
+        floor = x.amax(-1, keepdim=True) + st.min_p.log().unsqueeze(1)
+        x.masked_fill_(x < floor, _NEG_INF)
+
+
+def gumbel_argmax(x: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max, the log form of the exponential race argmax(p / E): argmax(x - log E), E = -log U.
+    U = 0 gives E = inf: that token cannot win (an event of probability 2^-24 per token)."""
+    return (x - uniform.log_().neg_().log_()).argmax(-1)
 
 
 def _mix64(seed: int, index: int) -> int:
@@ -300,7 +323,7 @@ def _apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch
 def _with_logprobs(token_ids: torch.Tensor, logprobs: torch.Tensor | None, k: int | None) -> SamplerOutput:
     if logprobs is None or k is None:
         return SamplerOutput(token_ids, None, None, None, None)
-    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    chosen = logprobs.gather(1, token_ids.clamp_min(0).unsqueeze(1))   # -1: a rejected draft's row (unused)
     ranks = (logprobs > chosen).sum(-1) + 1
     top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (None, None)
     return SamplerOutput(token_ids, chosen.squeeze(1), ranks, top_ids, top_lp)

@@ -24,6 +24,7 @@ class ScheduledSeq:
     num_new_tokens: int          # query length this step
     samples: bool                # this chunk reaches the end of the sequence, so a token is sampled (not for
                                  # max_tokens 0: a prompt scored or embedded)
+    num_spec_tokens: int = 0     # draft tokens verified after the sequence's last token (in num_new_tokens)
 
 
 @dataclass
@@ -104,7 +105,12 @@ class Scheduler:
             if self._at_limit(seq):  # nothing to compute (overlap: its token in flight is its last one)
                 i += 1
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_real = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(num_real + len(seq.spec_token_ids), budget)
+            num_spec = max(0, num_new - num_real)
+            del seq.spec_token_ids[num_spec:]     # the drafts the token budget leaves no room for
+            if num_spec and not self.bm.allocate(seq, num_new):   # drafts are never worth a preemption
+                seq.spec_token_ids, num_new, num_spec = [], num_real, 0
             while not self.bm.allocate(seq, num_new):
                 victim = self.running.pop()     # the most recently admitted
                 self._preempt(victim)
@@ -112,7 +118,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new)))
+                out.scheduled.append(ScheduledSeq(seq, num_new, self._samples(seq, num_new - num_spec), num_spec))
                 budget -= num_new
                 i += 1
         return budget, preempted
@@ -191,10 +197,18 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free_seq(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         self.preempted.append(seq.request.request_id)
+
+    def reject_drafts(self, seq: Sequence, num_rejected: int) -> None:
+        """Speculative decoding: the KV written for rejected draft tokens is not the sequence's; those slots
+        are written again by its next tokens (its blocks stay allocated, and none past its computed tokens is
+        ever published to the prefix cache)."""
+        seq.num_computed_tokens -= num_rejected
+        seq.spec_token_ids = []
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | None = None) -> None:
         """Free a sequence's blocks and take it out of the queues (finish or abort)."""

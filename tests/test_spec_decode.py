@@ -1,0 +1,196 @@
+"""Speculative decoding with n-gram drafts (engine/spec_decode/): greedy output is token-identical to decoding
+without it (alone, in mixed batches, with chunked prefill, preemption and prefix hits, counts asserted),
+sampled output is distributed as the target's, stops cut where they would, and the counters add up."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import LLM, SamplingParams
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.proposer import SpecProposer
+from tests.helpers import hf_greedy, hf_model, make_checkpoint, random_prompts
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+LENGTHS = [1, 7, 16, 29, 45, 3, 60, 12, 33, 5, 21, 40, 9, 2, 50, 18]    # 16 mixed lengths
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("spec"), "llama")
+
+
+def prompts_with_repeats(seed: int) -> list[list[int]]:
+    """Random prompts that repeat a stretch of themselves, so the n-gram lookup has something to find."""
+    return [p + p[: max(1, len(p) // 2)] for p in random_prompts(1000, LENGTHS, seed=seed)]
+
+
+def make_llm(path, spec: dict | None, **kw) -> LLM:
+    return LLM(model=str(path), device="cpu", dtype="float32", block_size=4, speculative_config=spec, **kw)
+
+
+def greedy(max_tokens: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def tokens_of(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def assert_no_leaks(llm: LLM) -> None:
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_usable_blocks
+    assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
+
+
+def assert_counters_add_up(llm: LLM) -> None:
+    c = llm.engine.spec.counters
+    assert c.num_drafts > 0 and c.num_accepted_tokens > 0, c
+    assert c.num_accepted_tokens <= c.num_draft_tokens
+    assert c.num_drafts <= c.num_draft_tokens <= c.num_drafts * NGRAM["num_speculative_tokens"]
+    assert sum(c.accepted_per_pos) == c.num_accepted_tokens
+    assert all(a >= b for a, b in zip(c.accepted_per_pos, c.accepted_per_pos[1:]))   # accepted in order
+
+
+@pytest.mark.parametrize("engine_kw", [
+    {},
+    {"max_num_batched_tokens": 24},                      # chunked prefill beside verification steps
+    {"num_kv_blocks": 48},                               # preemption
+], ids=["batched", "chunked", "preempted"])
+def test_greedy_identical_batched(ckpt, engine_kw):
+    prompts = prompts_with_repeats(seed=1)
+    ref = tokens_of(make_llm(ckpt, None, **engine_kw).generate(prompts, greedy()))
+    llm = make_llm(ckpt, NGRAM, **engine_kw)
+    assert tokens_of(llm.generate(prompts, greedy())) == ref
+    assert_counters_add_up(llm)
+    if "num_kv_blocks" in engine_kw:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert_no_leaks(llm)
+
+
+def test_greedy_identical_alone_and_equal_to_transformers(ckpt):
+    prompts = prompts_with_repeats(seed=2)[:4]
+    llm = make_llm(ckpt, NGRAM)
+    for prompt in prompts:
+        out = llm.generate([prompt], greedy(16))[0]
+        assert out.outputs[0].token_ids == hf_greedy(ckpt, prompt, 16)[0]
+    assert_counters_add_up(llm)
+    assert_no_leaks(llm)
+
+
+def test_prefix_hits_with_drafts(ckpt):
+    """Rejected drafts' KV is never published: later requests hit the cache and still decode the same."""
+    shared = random_prompts(1000, [40], seed=5)[0]
+    prompts = [shared + shared[:10] + [3 + i] for i in range(6)]
+    ref = tokens_of(make_llm(ckpt, None).generate(prompts, greedy(32)))
+    llm = make_llm(ckpt, NGRAM)
+    got = [llm.generate([p], greedy(32))[0].outputs[0].token_ids for p in prompts]
+    assert got == ref
+    assert llm.engine.block_manager.prefix_hits > 0
+    assert_counters_add_up(llm)
+    # Decoded tokens of a finished request are found again (blocks of accepted tokens were published).
+    again = llm.generate([prompts[0] + ref[0][:20]], greedy(8))[0]
+    assert again.num_cached_tokens >= len(prompts[0]) // 4 * 4
+    assert_no_leaks(llm)
+
+
+def test_stops_cut_where_they_would(ckpt):
+    prompts = prompts_with_repeats(seed=3)[:8]
+    free = tokens_of(make_llm(ckpt, None).generate(prompts, greedy(30)))
+    stop_ids = [free[i][7] for i in range(len(prompts))]
+    params = [SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[t], logprobs=2) for t in stop_ids]
+    ref = make_llm(ckpt, None).generate(prompts, params)
+    llm = make_llm(ckpt, NGRAM)
+    got = llm.generate(prompts, params)
+    for r, g in zip(ref, got):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        assert (g.outputs[0].finish_reason, g.outputs[0].stop_reason) == (r.outputs[0].finish_reason,
+                                                                           r.outputs[0].stop_reason)
+        assert [e.token_id for e in g.outputs[0].logprobs] == g.outputs[0].token_ids
+        for a, b in zip(g.outputs[0].logprobs, r.outputs[0].logprobs):     # the target model's logprobs
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+    for n in (1, 5, 13):
+        out = llm.generate(prompts[:4], greedy(n))
+        assert tokens_of(out) == [f[:n] for f in free[:4]]
+    assert_counters_add_up(llm)
+    assert_no_leaks(llm)
+
+
+@pytest.fixture(scope="module")
+def peaked_ckpt(ckpt, tmp_path_factory):
+    """The tiny model with its LM head scaled up: at temperature 1 its distributions are peaked enough that
+    drafts are often accepted and often rejected (a random model's are nearly flat: nothing to accept)."""
+    out = tmp_path_factory.mktemp("peaked")
+    for f in ckpt.iterdir():
+        shutil.copyfile(f, out / f.name)
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 12
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
+def test_sampling_is_the_targets_distribution(peaked_ckpt):
+    """Randomised probability integral transform: each sampled token's CDF value under transformers'
+    distribution at its position is uniform when the tokens are the target's samples. KS bound at
+    alpha = 1e-3 for the number of values (1.95 / sqrt(n))."""
+    # The peaked model's own text repeats itself now and then, which is what the n-gram lookup finds.
+    llm = make_llm(peaked_ckpt, NGRAM)
+    prompts = [random_prompts(1000, [20], seed=i)[0] for i in range(30)] * 4
+    outs = llm.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=i)
+                                  for i in range(len(prompts))])
+    c = llm.engine.spec.counters
+    # Both outcomes are exercised: accepted drafts, and tokens drawn from the residual after a rejection.
+    assert c.num_accepted_tokens > 10 and c.num_draft_tokens - c.num_accepted_tokens > 100, c
+    model = hf_model(str(peaked_ckpt))
+    gen = torch.Generator().manual_seed(0)
+    values = []
+    with torch.inference_mode():
+        for prompt, out in zip(prompts, outs):
+            ids = prompt + out.outputs[0].token_ids
+            probs = torch.softmax(model(torch.tensor([ids])).logits[0, len(prompt) - 1:-1].double(), -1)
+            for pos, tok in enumerate(out.outputs[0].token_ids):
+                cdf_before = probs[pos, :tok].sum().item()
+                values.append(cdf_before + torch.rand((), generator=gen, dtype=torch.float64).item()
+                              * probs[pos, tok].item())
+    values = torch.tensor(sorted(values), dtype=torch.float64)
+    n = values.numel()
+    ecdf_hi = torch.arange(1, n + 1, dtype=torch.float64) / n
+    ks = max((ecdf_hi - values).abs().max().item(), (values - (ecdf_hi - 1 / n)).abs().max().item())
+    assert ks < 1.95 / n ** 0.5, (ks, n)
+
+
+def test_backoff_stops_proposing_after_misses():
+    proposer = SpecProposer(SpeculativeConfig.parse(NGRAM), max_model_len=1000)
+    from engine.spec_decode.proposer import SpecState
+
+    class Seq:
+        spec = SpecState(budget=4)
+    seq = Seq()
+    budgets = []
+    for _ in range(4):
+        proposer.record(seq, seq.spec.budget, 0)
+        budgets.append((seq.spec.budget, seq.spec.cooldown))
+    assert budgets == [(2, 0), (1, 0), (1, 1), (1, 2)]
+    proposer.record(seq, 1, 1)
+    assert (seq.spec.budget, seq.spec.next_cooldown) == (2, 1)
+    c = proposer.counters
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.accepted_per_pos) == (5, 9, 1, [1, 0, 0, 0])
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{not json", "not valid JSON"),
+    ('{"method": "eagle", "num_speculative_tokens": 2}', "method must be one of"),
+    ('{"method": "ngram"}', "num_speculative_tokens must be"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}',
+     "prompt_lookup_min"),
+    ('{"method": "draft_model", "num_speculative_tokens": 2}', 'needs "model"'),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "temperature": 1}', "unsupported keys"),
+    ("[1, 2]", "must be a JSON object"),
+])
+def test_bad_config_names_the_flag(value, message):
+    with pytest.raises(ValueError, match="--speculative-config") as err:
+        SpeculativeConfig.parse(value)
+    assert message in str(err.value)
