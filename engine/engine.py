@@ -14,7 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.distributed.workers import WorkerGroup
 from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult, StepTask
-from engine.lora.manager import LoRAManager
+from engine.lora.manager import LoRAManager, startup_adapters
 from engine.lora.request import LoRARequest
 from engine.model_info import ModelInfo, TokenizerSource
 from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
@@ -70,13 +70,10 @@ class LLMEngine:
         self.default_sampling = loaded.generation_defaults
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = plan.model_config.vocab_size
-        self.lora: LoRAManager | None = None
-        startup_loras = tuple(LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg.lora_modules))
-        self.lora = built.lora
-        if self.lora is not None and self.workers is not None:   # the other ranks fill their slots too
-            self.lora.on_write = self.workers.channel.send_lora
-        for lora in startup_loras:          # a broken adapter stops the startup with the reason
-            self.lora.add(lora)
+        self.lora: LoRAManager | None = built.lora
+        startup_loras = startup_adapters(cfg)       # --lora-modules: a broken adapter stops the startup
+        if self.lora is not None:
+            self.lora.start(startup_loras, self.workers.channel.send_lora if self.workers is not None else None)
         self.info = ModelInfo(
             self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
             cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
@@ -143,11 +140,8 @@ class LLMEngine:
 
     def remove_lora(self, lora_int_id: int) -> None:
         """Forgets an adapter; its requests still running finish first (ValueError otherwise)."""
-        if self.lora is None:
-            return
-        if any(r.lora_id == lora_int_id for r in self.requests.values()):
-            raise ValueError("the adapter still has requests in flight; abort them or wait for them first.")
-        self.lora.remove(lora_int_id)
+        if self.lora is not None:
+            self.lora.remove_unused(lora_int_id, self.requests.values())
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, lora: LoRARequest | None = None) -> None:
@@ -201,18 +195,11 @@ class LLMEngine:
         waiting = {id(s.request) for s in self.scheduler.waiting} - running
         bm = self.block_manager
         step, self._last_step = self._last_step, None
-        running_loras, waiting_loras = self._adapters_in_use()
+        running_loras, waiting_loras = ([], []) if self.lora is None else \
+            self.lora.in_use(self.scheduler.running, self.scheduler.waiting)
         return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
                            bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
                            bm.num_used_blocks, bm.num_cached_free, step, running_loras, waiting_loras)
-
-    def _adapters_in_use(self) -> tuple[list[str], list[str]]:
-        """Names of the adapters with running requests, and of those with waiting requests only."""
-        if self.lora is None:
-            return [], []
-        running = {s.request.lora.lora_name for s in self.scheduler.running if s.request.lora is not None}
-        waiting = {s.request.lora.lora_name for s in self.scheduler.waiting if s.request.lora is not None}
-        return sorted(running), sorted(waiting - running)
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
@@ -227,15 +214,14 @@ class LLMEngine:
         for req, error in self.structured.poll():   # grammars that failed to compile fail their request
             deltas += self._fail([req], ValueError(error), status=400)
         if self.in_flight is not None and self._needs_host_tokens():
-            deltas += self._resolve(self.in_flight)  # penalties read the real tokens on the host
-            self.in_flight = None
+            deltas += self._settle()  # penalties read the real tokens on the host
         t0 = time.perf_counter()
         if self.spec is not None:      # drafts need the real tokens: speculation runs without overlap
             self.spec.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         preempted, self.scheduler.preempted = self.scheduler.preempted, []
-        if self.lora is not None and sched.scheduled:
-            deltas += self._activate_adapters()
+        if self.lora is not None and sched.scheduled:   # a slot is rewritten only after the step in flight
+            self.lora.activate_running(self.scheduler.running, lambda: deltas.extend(self._settle()))
         launched = None
         if sched.scheduled:
             try:
@@ -243,27 +229,21 @@ class LLMEngine:
             except Exception as e:  # a failed step fails its batch; the engine goes on
                 log.exception("engine step failed")
                 deltas += self._fail({id(i.seq.request): i.seq.request for i in sched.scheduled}.values(), e)
-        if self.in_flight is not None:
-            deltas += self._resolve(self.in_flight)
+        deltas += self._settle()
         self.in_flight = launched
         if launched is not None and not self.overlap:
-            deltas += self._resolve(launched)
-            self.in_flight = None
+            deltas += self._settle()
         step = launched.step if launched is not None else StepStats(0.0, 0, 0, 0)
         step.seconds, step.preempted = time.perf_counter() - t0, preempted
         self._last_step = step
         return deltas
 
-    def _activate_adapters(self) -> list[RequestDelta]:
-        """Slots for the running sequences' adapters; a slot is rewritten only after the step in flight (which
-        may read it) is done."""
-        deltas: list[RequestDelta] = []
-        running = {s.request.lora_id: s.request.lora for s in self.scheduler.running if s.request.lora_id}
-        if self.lora.needs_write(set(running)):
-            if self.in_flight is not None:
-                deltas += self._resolve(self.in_flight)
-                self.in_flight = None
-            self.lora.activate(set(running), running)
+    def _settle(self) -> list[RequestDelta]:
+        """Resolves the step in flight, if any: its news."""
+        if self.in_flight is None:
+            return []
+        deltas = self._resolve(self.in_flight)
+        self.in_flight = None
         return deltas
 
     def _needs_host_tokens(self) -> bool:

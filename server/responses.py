@@ -17,14 +17,7 @@ from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.api_schema import (
-    RESPONSES_SSE_EVENT,
-    DeletedResponse,
-    ResponseItemList,
-    ResponseObject,
-    errors,
-    generation_responses,
-)
+from server.api_schema import errors, generation_responses
 from server.chat import start_chat
 from server.chat_output import ChatOutputFormat
 from server.context import ServingContext, get_context, respond
@@ -39,6 +32,7 @@ from server.responses_protocol import (
     MessageItem,
     ResponsesRequest,
 )
+from server.responses_schema import RESPONSES_SSE_EVENT, DeletedResponse, ResponseItemList, ResponseObject
 from server.responses_store import StoredResponse
 from server.stream_response import ChoiceEvents
 

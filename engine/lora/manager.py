@@ -7,7 +7,7 @@ adapter has a slot; an adapter leaves its slot only when no running sequence use
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +20,7 @@ from engine.models.config import ModelConfig
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.model_runner import ModelRunner
+    from engine.request import Request, Sequence
 
 
 def attach_lora(cfg: EngineConfig, runner: ModelRunner, device: torch.device,
@@ -33,6 +34,11 @@ def attach_lora(cfg: EngineConfig, runner: ModelRunner, device: torch.device,
     if runner.graphs is not None:     # before capture: the graphs then hold the LoRA kernels
         runner.graphs.lora_batch = manager.batch
     return manager
+
+
+def startup_adapters(cfg: EngineConfig) -> tuple[LoRARequest, ...]:
+    """The --lora-modules adapters, ids 1, 2, ... in their order."""
+    return tuple(LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(cfg.lora_modules))
 
 
 class LoRAManager:
@@ -75,6 +81,19 @@ class LoRAManager:
                 del self.loaded[lora_id]
         return weights
 
+    def start(self, adapters: Iterable[LoRARequest], on_write: Callable[[int, LoRARequest], None] | None) -> None:
+        """Loads the startup adapters (a broken one raises ValueError with the reason); on_write: see __init__."""
+        if on_write is not None:      # tensor parallelism: the other ranks fill their slots too
+            self.on_write = on_write
+        for lora in adapters:
+            self.add(lora)
+
+    def remove_unused(self, lora_int_id: int, requests: Iterable[Request]) -> None:
+        """Forgets the adapter unless one of the engine's requests still uses it (ValueError then)."""
+        if any(r.lora_id == lora_int_id for r in requests):
+            raise ValueError("the adapter still has requests in flight; abort them or wait for them first.")
+        self.remove(lora_int_id)
+
     def remove(self, lora_int_id: int) -> None:
         """Forgets the adapter (its slot is freed; the caller has no running request on it)."""
         self.loaded.pop(lora_int_id, None)
@@ -84,6 +103,14 @@ class LoRAManager:
     def needs_write(self, running: set[int]) -> bool:
         """Whether activating the running adapters writes a slot (a step in flight must finish first)."""
         return not running <= set(self.slots)
+
+    def activate_running(self, running: Iterable[Sequence], before_write: Callable[[], None]) -> None:
+        """Slots for the running sequences' adapters; before_write resolves the step in flight (which may read a
+        slot) and is called only when a slot is to be rewritten."""
+        requests = {s.request.lora_id: s.request.lora for s in running if s.request.lora_id}
+        if self.needs_write(set(requests)):
+            before_write()
+            self.activate(set(requests), requests)
 
     def activate(self, running: set[int], requests: dict[int, LoRARequest]) -> None:
         """Gives every running adapter a slot, taking slots from adapters no running sequence uses."""
@@ -105,3 +132,10 @@ class LoRAManager:
         """The slot of each scheduled sequence's adapter (-1: the base model)."""
         index = {lora_id: i for i, lora_id in enumerate(self.slots) if lora_id is not None}
         return np.fromiter((index[i] if i else -1 for i in lora_ids), np.int64, len(lora_ids))
+
+    @staticmethod
+    def in_use(running: Iterable[Sequence], waiting: Iterable[Sequence]) -> tuple[list[str], list[str]]:
+        """Names of the adapters with running sequences, and of those with waiting sequences only."""
+        run = {s.request.lora.lora_name for s in running if s.request.lora is not None}
+        wait = {s.request.lora.lora_name for s in waiting if s.request.lora is not None}
+        return sorted(run), sorted(wait - run)
