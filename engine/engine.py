@@ -74,6 +74,7 @@ class LLMEngine:
         startup_loras = startup_adapters(cfg)       # --lora-modules: a broken adapter stops the startup
         if self.lora is not None:
             self.lora.start(startup_loras, self.workers.channel.send_lora if self.workers is not None else None)
+        spec = cfg.speculative_config
         self.info = ModelInfo(
             self.model_name, self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.num_kv_blocks,
             cfg.block_size, cfg.max_num_seqs, TokenizerSource.of(model_dir), dict(self.default_sampling),
@@ -84,13 +85,14 @@ class LLMEngine:
             kv_bytes_per_token=device_info.kv_bytes_per_token(self.model, cfg.torch_dtype),
             memory_bandwidth=device_info.memory_bandwidth(self.device), max_logprobs=cfg.max_logprobs,
             model_weight_bytes=built.model_weight_bytes, weight_format=built.weight_format,
-            max_loras=cfg.max_loras if cfg.enable_lora else 0, lora_modules=startup_loras)
+            max_loras=cfg.max_loras if cfg.enable_lora else 0, lora_modules=startup_loras,
+            num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+            speculative_method="" if spec is None else spec.method)
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len, cfg.max_loras if cfg.enable_lora else 0)
 
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
-        spec = cfg.speculative_config
         self.spec = None if spec is None else SpecProposer(spec, self.max_model_len)
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
@@ -197,9 +199,15 @@ class LLMEngine:
         step, self._last_step = self._last_step, None
         running_loras, waiting_loras = ([], []) if self.lora is None else \
             self.lora.in_use(self.scheduler.running, self.scheduler.waiting)
-        return EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
-                           bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
-                           bm.num_used_blocks, bm.num_cached_free, step, running_loras, waiting_loras)
+        stats = EngineStats(len(running), len(waiting), bm.usage(), self.scheduler.num_preemptions,
+                            bm.prefix_queries, bm.prefix_hits, self.structured.drain_compile_seconds(),
+                            bm.num_used_blocks, bm.num_cached_free, step, running_loras, waiting_loras)
+        if self.spec is not None:
+            c = self.spec.counters
+            stats.spec_num_drafts_total, stats.spec_num_draft_tokens_total = c.num_drafts, c.num_draft_tokens
+            stats.spec_num_accepted_tokens_total = c.num_accepted_tokens
+            stats.spec_accepted_per_pos_total = list(c.accepted_per_pos)
+        return stats
 
     # the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:

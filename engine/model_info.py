@@ -63,6 +63,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     weight_format: str = ""            # "Q4_1+Q8_0 blocks, float32 rest" (--quantization gguf) or the dtype
     max_loras: int = 0                 # LoRA adapters per step (0: --enable-lora is off)
     lora_modules: tuple[LoRARequest, ...] = ()   # the adapters loaded at startup (--lora-modules)
+    num_speculative_tokens: int = 0    # draft tokens per step at most (0: no speculative decoding)
+    speculative_method: str = ""       # "ngram" | "draft_model"
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError (HTTP 400) for a request that can never run."""

@@ -77,6 +77,11 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     # LoRA adapters (lora_name) with running requests, and those only with waiting ones (--enable-lora)
     running_loras: list[str] = msgspec.field(default_factory=list)
     waiting_loras: list[str] = msgspec.field(default_factory=list)
+    # Speculative decoding's running totals (engine/spec_decode/proposer.py SpecCounters)
+    spec_num_drafts_total: int = 0
+    spec_num_draft_tokens_total: int = 0
+    spec_num_accepted_tokens_total: int = 0
+    spec_accepted_per_pos_total: list[int] = msgspec.field(default_factory=list)
 
 
 @dataclass

@@ -76,7 +76,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     if chat_options.enable_auto_tool_choice and chat_options.auto_tool_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json) for this "
                          "model, whose chat template renders tools in its own format.")
-    metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names, info.max_loras)
+    metrics = ServerMetrics(name, info.max_model_len, vllm_metric_names, info.max_loras, info.num_speculative_tokens)
     metrics.model_weight_bytes.set(info.model_weight_bytes)
     bridge = AsyncEngine(client, tokenizer, metrics, stream_interval, max_queue_len, request_timeout,
                          engine_stall_timeout)

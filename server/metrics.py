@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.outputs import EngineStats, RequestTimings
+from server.spec_metrics import SpecDecodeMetrics
 from server.vllm_metrics import VllmAliasCollector
 
 CONTENT_TYPE = _CONTENT_TYPE
@@ -74,9 +75,10 @@ def token_buckets(max_len: int) -> tuple[float, ...]:
 
 class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int, vllm_metric_names: bool = False,
-                 max_loras: int = 0) -> None:
+                 max_loras: int = 0, num_speculative_tokens: int = 0) -> None:
         """vllm_metric_names: also serve the metrics vLLM has under its names (vllm:*), same values;
-        max_loras: LoRA adapters per step (0: LoRA off, no lora_requests_info)."""
+        max_loras: LoRA adapters per step (0: LoRA off, no lora_requests_info); num_speculative_tokens: draft
+        tokens per step (0: no speculative decoding, no spec_decode_* counters)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self._pending_tokens = 0                  # generated tokens not yet added to generation_tokens
@@ -145,6 +147,8 @@ class ServerMetrics:
                 "the value is the Unix time of the last change.",
                 ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
             self._observe_loras([], [])
+        self.spec = SpecDecodeMetrics(r, families, model_name, num_speculative_tokens) \
+            if num_speculative_tokens else None
         self._seen = EngineStats()
         if vllm_metric_names:
             r.register(VllmAliasCollector(families))
@@ -166,6 +170,8 @@ class ServerMetrics:
             self.grammar_compile.observe(seconds)
         if self._lora_info is not None:
             self._observe_loras(stats.running_loras, stats.waiting_loras)
+        if self.spec is not None:
+            self.spec.observe(stats)
         self._seen = stats
 
     def _observe_loras(self, running: list[str], waiting: list[str]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from engine.config import ATTENTION_BACKENDS, POOLING_TYPES, QUANTIZATION_CHOICES, EngineConfig
+from engine.spec_decode.config import SpeculativeConfig
 from server.limits import DEFAULT_MAX_BODY_BYTES
 from server.responses_store import DEFAULT_STORE_SIZE
 from server.security import parse_allowed_hosts, parse_origins
@@ -191,6 +192,10 @@ OPTIONS: tuple[Option, ...] = (
             "the least recently used is dropped (and read again when asked for)."),
     Option("allow_runtime_lora_updating", parse_bool, False, "Serve POST /v1/load_lora_adapter and "
            "/v1/unload_lora_adapter (behind --api-key like every route)."),
+    _engine("speculative_config", SpeculativeConfig.parse, "Speculative decoding, as JSON (vLLM's shapes): "
+            '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or '
+            '{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}. Greedy output is unchanged, '
+            "sampled output keeps the model's distribution."),
     _engine("pooling_type", str, "How /v1/embeddings pools the model's final hidden states: last (the last "
             "token's) or mean (over every input token); the vectors are L2-normalized.", POOLING_TYPES),
     Option("enable_auto_tool_choice", parse_bool, False, 'Allow tool_choice "auto": the model decides whether to '

@@ -35,9 +35,15 @@ VLLM_ALIASES: dict[str, tuple[str, ...]] = {
     "pagedserve_request_prompt_tokens": ("vllm:request_prompt_tokens",),
     "pagedserve_request_generation_tokens": ("vllm:request_generation_tokens",),
     "pagedserve_lora_requests_info": ("vllm:lora_requests_info",),
+    "pagedserve_spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
+    "pagedserve_spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+    "pagedserve_spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
+    "pagedserve_spec_decode_num_accepted_tokens_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos",),
 }
-# Families that exist only in some configurations (LoRA off: no lora_requests_info).
-OPTIONAL = frozenset({"pagedserve_lora_requests_info"})
+# Families that exist only in some configurations (LoRA off: no lora_requests_info; no speculative decoding).
+OPTIONAL = frozenset({"pagedserve_lora_requests_info", "pagedserve_spec_decode_num_drafts",
+                      "pagedserve_spec_decode_num_draft_tokens", "pagedserve_spec_decode_num_accepted_tokens",
+                      "pagedserve_spec_decode_num_accepted_tokens_per_pos"})
 
 
 def _renamed(family: Metric, old: str, new: str) -> Metric:

@@ -82,6 +82,7 @@ class StatsCollector:
         self._decode_text = decode_text if options.show_prompts else None
         self._gauges = {"running": 0, "waiting": 0, "kv_used": 0, "kv_cached": 0}
         self._loras: tuple[list[str], list[str]] = ([], [])     # adapters running, and only waiting
+        self._spec = (0, 0, 0)      # speculative decoding totals: drafts, draft tokens, accepted tokens
         self._last_tick = -1
         self.tick(self.started - 1.0)     # the baseline: the first second's rates need a row before it
         metrics.registry.register(_EfficiencyCollector(self))
@@ -96,6 +97,8 @@ class StatsCollector:
         g["running"], g["waiting"] = stats.num_running, stats.num_waiting
         g["kv_used"], g["kv_cached"] = stats.kv_blocks_used, stats.kv_blocks_cached
         self._loras = (stats.running_loras, stats.waiting_loras)
+        self._spec = (stats.spec_num_drafts_total, stats.spec_num_draft_tokens_total,
+                      stats.spec_num_accepted_tokens_total)
         step = stats.step
         if step is not None and step.num_decode_seqs and not step.num_prefill_tokens:
             info = self.info
@@ -126,6 +129,18 @@ class StatsCollector:
                 "window_s": EFFICIENCY_WINDOW_S,
                 "note": None if bandwidth else "n/a: the device's memory bandwidth is unknown (CPU)"}
 
+    def _speculative(self) -> dict[str, Any] | None:
+        """Speculative decoding since startup (None: off): acceptance rate = accepted / draft tokens, and
+        the mean tokens a verifying sequence gains per step (1 + accepted / drafts)."""
+        info = self.info
+        if not info.num_speculative_tokens:
+            return None
+        drafts, draft_tokens, accepted = self._spec
+        return {"method": info.speculative_method, "num_speculative_tokens": info.num_speculative_tokens,
+                "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+                "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+                "mean_accepted_length": 1 + accepted / drafts if drafts else None}
+
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         now = time.monotonic() if now is None else now
         self.tick(now)
@@ -142,7 +157,8 @@ class StatsCollector:
                                   "free": usable - last["kv_used"] - last["kv_cached"], "total": usable},
                     # LoRA adapters with running requests, and those with waiting ones only (None: LoRA off)
                     "lora": {"max_loras": info.max_loras, "running": self._loras[0], "waiting": self._loras[1]}
-                    if info.max_loras else None},
+                    if info.max_loras else None,
+                    "speculative": self._speculative()},
             "totals": {"prompt_tokens": last["prompt_tokens"], "generation_tokens": last["generation_tokens"],
                        "requests": sum(finished.values()), "finished": finished, "errors": finished["error"],
                        "rejected": last["rejected"], "preemptions": last["preemptions"],

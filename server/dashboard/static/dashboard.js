@@ -79,7 +79,7 @@
 
   // --- render ---------------------------------------------------------------------------------------
   function render(s) {
-    renderServer(s.server, s.now.lora);
+    renderServer(s.server, s.now.lora, s.now.speculative);
     const t = s.totals, n = s.now, series = s.series;
     const last = (arr) => (arr && arr.length ? arr[arr.length - 1] : 0);
     setStat("running", count(n.running));
@@ -105,7 +105,7 @@
     renderRequests(s.requests);
   }
 
-  function renderServer(info, lora) {
+  function renderServer(info, lora, spec) {
     const facts = [["model", info.served_model_name + (info.model !== info.served_model_name ? " (" + info.model + ")" : "")],
       ["device", info.device + (info.device_name ? " · " + info.device_name : "")], ["dtype", info.dtype],
       ["weights", (info.weight_format || info.dtype) + " · " + (info.model_weight_bytes / 1e6).toFixed(1) + " MB"],
@@ -114,6 +114,11 @@
     if (lora) {   // --enable-lora: the adapters with running requests, and those waiting for a slot
       facts.push(["LoRA", "running: " + (lora.running.join(", ") || "none") + " · waiting: " +
         (lora.waiting.join(", ") || "none") + " · slots: " + lora.max_loras]);
+    }
+    if (spec) {   // --speculative-config: how many drafts are accepted, and tokens per verifying step
+      facts.push(["speculative", spec.method + " · k " + spec.num_speculative_tokens + " · acceptance " +
+        pct(spec.acceptance_rate) + " · " + (spec.mean_accepted_length === null ? "-" :
+        spec.mean_accepted_length.toFixed(2)) + " tokens/step"]);
     }
     const dl = $("#server");
     dl.replaceChildren();
