@@ -17,12 +17,17 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def busy_metrics(vllm_metric_names: bool) -> ServerMetrics:
     """A known workload: two steps of stats, three requests (two finished by length, one aborted)."""
-    m = ServerMetrics(MODEL, max_model_len=128, vllm_metric_names=vllm_metric_names, max_loras=2)
+    m = ServerMetrics(MODEL, max_model_len=128, vllm_metric_names=vllm_metric_names, max_loras=2,
+                      num_speculative_tokens=3)
     m.observe_stats(EngineStats(num_running=3, num_waiting=2, kv_cache_usage=0.375, num_preemptions_total=1,
-                                prefix_cache_queries_total=48, prefix_cache_hits_total=16))
+                                prefix_cache_queries_total=48, prefix_cache_hits_total=16,
+                                spec_num_drafts_total=2, spec_num_draft_tokens_total=5,
+                                spec_num_accepted_tokens_total=3, spec_accepted_per_pos_total=[2, 1, 0]))
     m.observe_stats(EngineStats(num_running=2, num_waiting=5, kv_cache_usage=0.625, num_preemptions_total=4,
                                 prefix_cache_queries_total=80, prefix_cache_hits_total=32,
-                                running_loras=["sql", "chat"], waiting_loras=["math"]))
+                                running_loras=["sql", "chat"], waiting_loras=["math"],
+                                spec_num_drafts_total=5, spec_num_draft_tokens_total=12,
+                                spec_num_accepted_tokens_total=7, spec_accepted_per_pos_total=[4, 2, 1]))
     for i, reason in enumerate(("length", "length", "abort")):
         rec = RequestRecorder(m)
         timings = RequestTimings(10.0 * i, 10.0 * i + 0.5, 10.0 * i + 0.75, 10.0 * i + 2.0)
@@ -30,6 +35,12 @@ def busy_metrics(vllm_metric_names: bool) -> ServerMetrics:
         rec.on_delta(timings, num_prompt_tokens=7 + i, num_tokens=3, now=10.0 * i + 1.25)
         rec.on_finish(reason, timings, num_prompt_tokens=7 + i, now=10.0 * i + 2.0)
     return m
+
+
+def _of(sample: str, family: str) -> bool:
+    """Whether a sample belongs to the family (not to a longer family name that starts with it)."""
+    return sample == family or sample[len(family):] in ("_total", "_bucket", "_count", "_sum") and \
+        sample.startswith(family)
 
 
 def test_off_by_default() -> None:
@@ -42,10 +53,10 @@ def test_every_alias_equals_ours() -> None:
     ours = {k: v for k, v in got.items() if k[0].startswith(OUR_PREFIX)}
     compared = 0
     for family, aliases in VLLM_ALIASES.items():
-        own = {k: v for k, v in ours.items() if k[0] == family or k[0].startswith(family + "_")}
+        own = {k: v for k, v in ours.items() if _of(k[0], family)}
         assert own, family
         for alias in aliases:
-            theirs = {k: v for k, v in got.items() if k[0] == alias or k[0].startswith(alias + "_")}
+            theirs = {k: v for k, v in got.items() if _of(k[0], alias)}
             renamed = {(alias + name[len(family):], labels): v for (name, labels), v in own.items()}
             assert theirs == renamed, alias       # same samples, labels (model_name, le, ...) and values
             compared += len(theirs)
@@ -83,3 +94,13 @@ def test_the_values_routers_read() -> None:
     assert got[("vllm:time_to_first_token_seconds_count", label)] == 3
     assert got[("vllm:time_to_first_token_seconds_sum", label)] == 3 * 0.75
     assert got[("vllm:e2e_request_latency_seconds_count", label)] == 2      # aborted requests are not timed
+
+
+def test_spec_decode_counters_are_the_engines_totals() -> None:
+    got = samples(busy_metrics(True).render().decode())
+    for name, value in (("num_drafts", 5), ("num_draft_tokens", 12), ("num_accepted_tokens", 7)):
+        for prefix in (OUR_PREFIX, VLLM_PREFIX):
+            assert got[(f"{prefix}spec_decode_{name}_total", (("model_name", MODEL),))] == value
+    per_pos = {dict(labels)["position"]: v for (name, labels), v in got.items()
+               if name == "pagedserve_spec_decode_num_accepted_tokens_per_pos_total"}
+    assert per_pos == {"0": 4, "1": 2, "2": 1}
