@@ -24,6 +24,7 @@ from engine.runner_setup import build_runner, plan_model
 from engine.sampler import Sampler, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.proposer import SpecProposer
 from engine.spec_decode.rejection import DraftTensors
 from engine.structured.manager import StructuredOutputManager
@@ -94,11 +95,14 @@ class LLMEngine:
 
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
         self.spec = None if spec is None else SpecProposer(spec, self.max_model_len)
+        self.draft = None if spec is None or spec.method != "draft_model" else DraftModel(
+            spec, plan, self.num_kv_blocks, self.vocab_size, self.tokenizer.get_vocab(), self.device)
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
         self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False,
-                                     channel=self.workers.channel if self.workers is not None else None)
+                                     channel=self.workers.channel if self.workers is not None else None,
+                                     mirror=None if self.draft is None else self.draft.mirror)
         self.in_flight: LaunchedStep | None = None
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -260,6 +264,10 @@ class LLMEngine:
 
     def _launch(self, sched: SchedulerOutput, t0: float) -> LaunchedStep:
         t1 = time.perf_counter()
+        if self.draft is not None:      # its tokens replace the placeholder drafts the scheduler made room for
+            proposing = [item for item in sched.scheduled if item.num_spec_tokens]
+            if proposing:
+                self.draft.propose(proposing)
         now = time.monotonic()
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
@@ -293,6 +301,8 @@ class LLMEngine:
             st.grammar = self.structured.bitmask(rows, self.device)
             if any(drafts):
                 st.drafts = DraftTensors.build(drafts, self.device)
+                if self.draft is not None and not st.all_greedy:
+                    st.drafts.draft_probs = self.draft.probs_rows(rows, drafts)
         positions = []
         for i, seq in enumerate(rows):
             seq.token_ids.append(PLACEHOLDER)

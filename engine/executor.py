@@ -8,6 +8,7 @@ The worker runs tasks in launch order, so step N is complete when step N+1's tas
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -66,9 +67,11 @@ class StepTask:
 
 class StepExecutor:
     def __init__(self, runner: ModelRunner, sampler: Sampler, overlap: bool, sync_cuda: bool,
-                 channel: StepChannel | None = None) -> None:
-        """channel: tensor parallelism's link to the other ranks, which run the same forward."""
-        self.runner, self.sampler, self.channel = runner, sampler, channel
+                 channel: StepChannel | None = None,
+                 mirror: Callable[[StepInputs, list[tuple[int, int]]], None] | None = None) -> None:
+        """channel: tensor parallelism's link to the other ranks, which run the same forward; mirror: runs each
+        step through the draft model too (speculative decoding's draft_model, engine/spec_decode)."""
+        self.runner, self.sampler, self.channel, self.mirror = runner, sampler, channel, mirror
         self.sync_cuda = sync_cuda
         device = runner.device
         # The current CUDA device is per thread: the worker must use the engine's.
@@ -94,6 +97,8 @@ class StepExecutor:
         if task.inputs.fill_dst is not None:
             task.inputs.input_ids[task.inputs.fill_dst] = self._previous_tokens(task)
         logits = self.runner.forward(task.inputs)
+        if self.mirror is not None:
+            self.mirror(task.inputs, task.block_copies)
         if self.sync_cuda:
             torch.cuda.synchronize()
         t1 = time.perf_counter()

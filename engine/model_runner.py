@@ -118,9 +118,19 @@ class ModelRunner:
         fields = (input_ids, positions, slot_mapping, seq_lens, cu, logits_indices, block_tables.ravel(),
                   fill_dst, fill_src, prompt_rows, np.array(scored_ids, np.int64), *pool_fields(pool or []),
                   token_slots)
-        header = np.array([len(items), width, q_lens.max(), seq_lens.max(), (q_lens == 1).all(),
-                           *(len(f) for f in fields)], np.int64)
-        return self.unpack(PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32))))
+        return self.unpack(_pack(fields, len(items), width, int(q_lens.max()), int(seq_lens.max()),
+                                 bool((q_lens == 1).all())))
+
+    def decode_inputs(self, input_ids: np.ndarray, positions: np.ndarray, block_tables: np.ndarray) -> StepInputs:
+        """One new token per sequence at the given positions, every row sampled (a draft model's proposal
+        steps): the same packing as build_inputs, without a scheduler step behind it."""
+        num_seqs, bs = len(input_ids), self.block_size
+        slot_mapping = block_tables[np.arange(num_seqs), positions // bs] * bs + positions % bs
+        rows = np.arange(num_seqs + 1)
+        none = np.zeros(0, np.int64)
+        fields = (input_ids, positions, slot_mapping, positions + 1, rows, rows[:-1], block_tables.ravel(), none,
+                  none, none, none, *pool_fields([]), none)
+        return self.unpack(_pack(fields, num_seqs, block_tables.shape[1], 1, int(positions.max()) + 1, True))
 
     def unpack(self, packed: PackedStep) -> StepInputs:
         """The one host->device copy of the step, split into views on the device."""
@@ -168,6 +178,12 @@ class ModelRunner:
         if scoring:
             rows = torch.cat([rows, inputs.prompt_logits_indices])
         return self.model.compute_logits(hidden[rows])
+
+
+def _pack(fields: tuple[np.ndarray, ...], num_seqs: int, width: int, max_q: int, max_k: int,
+          decode_only: bool) -> PackedStep:
+    header = np.array([num_seqs, width, max_q, max_k, decode_only, *(len(f) for f in fields)], np.int64)
+    return PackedStep(header, torch.from_numpy(np.concatenate(fields).astype(np.int32)))
 
 
 def _logits_rows(items: list, cu: np.ndarray, sampling: np.ndarray) -> np.ndarray:

@@ -46,11 +46,11 @@ def assert_no_leaks(llm: LLM) -> None:
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
 
-def assert_counters_add_up(llm: LLM) -> None:
+def assert_counters_add_up(llm: LLM, k: int = NGRAM["num_speculative_tokens"]) -> None:
     c = llm.engine.spec.counters
     assert c.num_drafts > 0 and c.num_accepted_tokens > 0, c
     assert c.num_accepted_tokens <= c.num_draft_tokens
-    assert c.num_drafts <= c.num_draft_tokens <= c.num_drafts * NGRAM["num_speculative_tokens"]
+    assert c.num_drafts <= c.num_draft_tokens <= c.num_drafts * k
     assert sum(c.accepted_per_pos) == c.num_accepted_tokens
     assert all(a >= b for a, b in zip(c.accepted_per_pos, c.accepted_per_pos[1:]))   # accepted in order
 
@@ -121,9 +121,12 @@ def test_stops_cut_where_they_would(ckpt):
 
 @pytest.fixture(scope="module")
 def peaked_ckpt(ckpt, tmp_path_factory):
+    return peaked_copy(ckpt, tmp_path_factory.mktemp("peaked"))
+
+
+def peaked_copy(ckpt, out):
     """The tiny model with its LM head scaled up: at temperature 1 its distributions are peaked enough that
     drafts are often accepted and often rejected (a random model's are nearly flat: nothing to accept)."""
-    out = tmp_path_factory.mktemp("peaked")
     for f in ckpt.iterdir():
         shutil.copyfile(f, out / f.name)
     weights = load_file(out / "model.safetensors")
@@ -133,9 +136,6 @@ def peaked_ckpt(ckpt, tmp_path_factory):
 
 
 def test_sampling_is_the_targets_distribution(peaked_ckpt):
-    """Randomised probability integral transform: each sampled token's CDF value under transformers'
-    distribution at its position is uniform when the tokens are the target's samples. KS bound at
-    alpha = 1e-3 for the number of values (1.95 / sqrt(n))."""
     # The peaked model's own text repeats itself now and then, which is what the n-gram lookup finds.
     llm = make_llm(peaked_ckpt, NGRAM)
     prompts = [random_prompts(1000, [20], seed=i)[0] for i in range(30)] * 4
@@ -144,7 +144,14 @@ def test_sampling_is_the_targets_distribution(peaked_ckpt):
     c = llm.engine.spec.counters
     # Both outcomes are exercised: accepted drafts, and tokens drawn from the residual after a rejection.
     assert c.num_accepted_tokens > 10 and c.num_draft_tokens - c.num_accepted_tokens > 100, c
-    model = hf_model(str(peaked_ckpt))
+    assert_targets_distribution(peaked_ckpt, prompts, outs)
+
+
+def assert_targets_distribution(ckpt, prompts: list[list[int]], outs) -> None:
+    """Randomised probability integral transform: each sampled token's CDF value under transformers'
+    distribution at its position is uniform when the tokens are the target's samples. KS bound at
+    alpha = 1e-3 for the number of values (1.95 / sqrt(n))."""
+    model = hf_model(str(ckpt))
     gen = torch.Generator().manual_seed(0)
     values = []
     with torch.inference_mode():

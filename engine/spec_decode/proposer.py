@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.request import Sequence
 from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.draft_model import placeholder_drafts
 from engine.spec_decode.ngram import propose_ngram
 
 MAX_COOLDOWN = 64      # steps a missing sequence waits at most before it tries again
@@ -67,6 +68,8 @@ class SpecProposer:
 
     def _draft(self, seq: Sequence, k: int) -> list[int]:
         cfg = self.config
+        if cfg.method == "draft_model":
+            return placeholder_drafts(k)       # the draft model fills them once the step is scheduled
         return propose_ngram(np.asarray(seq.token_ids, dtype=np.int64), k, cfg.prompt_lookup_min,
                              cfg.prompt_lookup_max)
 
