@@ -5,7 +5,6 @@ import copy
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -17,36 +16,18 @@ from engine.executor import PLACEHOLDER, LaunchedStep, StepExecutor, StepResult,
 from engine.lora.manager import LoRAManager, startup_adapters
 from engine.lora.request import LoRARequest
 from engine.model_info import ModelInfo, TokenizerSource
-from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, TokenLogprob
+from engine.outputs import EngineStats, RequestDelta, SequenceDelta, StepStats, StepTiming, TokenLogprob, add_token
 from engine.pooling import PoolChunk, add_chunk, encode_vectors, plan_pooling
 from engine.request import Request, SeqStatus, Sequence, collect_prompt_logprobs
 from engine.runner_setup import build_runner, plan_model
-from engine.sampler import Sampler, SampleRow
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from engine.spec_decode.draft_model import DraftModel
-from engine.spec_decode.proposer import SpecProposer
-from engine.spec_decode.rejection import DraftTensors
+from engine.spec_decode.speculator import Speculator
+from engine.step_rows import finish_reason, sampling_rows
 from engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepTiming:
-    """Seconds spent in each phase of one step (recorded when LLMEngine.record_timings is set)."""
-    num_seqs: int
-    num_tokens: int
-    schedule: float
-    prepare: float
-    forward: float
-    sample: float
-    postprocess: float
-    wait: float = 0.0        # engine thread blocked on the device (overlap hides host work inside it)
-
-    @property
-    def host(self) -> float:
-        return self.schedule + self.prepare + self.sample + self.postprocess
 
 
 class LLMEngine:
@@ -94,15 +75,15 @@ class LLMEngine:
                                    self.max_model_len, cfg.max_loras if cfg.enable_lora else 0)
 
         self.sampler = Sampler(self.vocab_size, self.device, cfg.seed)
-        self.spec = None if spec is None else SpecProposer(spec, self.max_model_len)
-        self.draft = None if spec is None or spec.method != "draft_model" else DraftModel(
-            spec, plan, self.num_kv_blocks, self.vocab_size, self.tokenizer.get_vocab(), self.device)
+        self.spec = None if spec is None else Speculator(spec, plan, self.num_kv_blocks, self.vocab_size,
+                                                         self.tokenizer.get_vocab(), self.device)
+        draft = None if self.spec is None else self.spec.draft
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                                   cfg.grammar_compile_timeout)
         self.overlap = cfg.async_scheduling
         self.executor = StepExecutor(self.runner, self.sampler, self.overlap, sync_cuda=False,
                                      channel=self.workers.channel if self.workers is not None else None,
-                                     mirror=None if self.draft is None else self.draft.mirror)
+                                     mirror=None if draft is None else draft.mirror)
         self.in_flight: LaunchedStep | None = None
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -264,10 +245,8 @@ class LLMEngine:
 
     def _launch(self, sched: SchedulerOutput, t0: float) -> LaunchedStep:
         t1 = time.perf_counter()
-        if self.draft is not None:      # its tokens replace the placeholder drafts the scheduler made room for
-            proposing = [item for item in sched.scheduled if item.num_spec_tokens]
-            if proposing:
-                self.draft.propose(proposing)
+        if self.spec is not None:       # the draft model's tokens, where the scheduler made room for them
+            self.spec.fill(sched.scheduled)
         now = time.monotonic()
         for item in sched.scheduled:
             if item.seq.request.timings.first_scheduled_time is None:
@@ -295,14 +274,12 @@ class LLMEngine:
                 sampling.append(item)
             elif seq.num_computed_tokens == seq.num_tokens and seq.request.pooling is None:
                 scored_only.append(seq)     # max_tokens 0: its prompt is complete (embeddings: engine/pooling.py)
-        rows, counts, sample_rows, drafts = self._sampling_rows(sampling)
+        rows, counts, sample_rows, drafts = sampling_rows(sampling, self._fork)
         st = self.sampler.prepare(sample_rows) if rows else None
         if st is not None:
             st.grammar = self.structured.bitmask(rows, self.device)
-            if any(drafts):
-                st.drafts = DraftTensors.build(drafts, self.device)
-                if self.draft is not None and not st.all_greedy:
-                    st.drafts.draft_probs = self.draft.probs_rows(rows, drafts)
+            if self.spec is not None:
+                self.spec.attach(st, rows, drafts)
         positions = []
         for i, seq in enumerate(rows):
             seq.token_ids.append(PLACEHOLDER)
@@ -319,30 +296,6 @@ class LLMEngine:
         launched.scored_only, launched.pool = scored_only, pool
         launched.spec = [(i.seq, i.num_spec_tokens) for i in sampling if i.num_spec_tokens]
         return launched
-
-    def _sampling_rows(self, sampling: list[ScheduledSeq]
-                       ) -> tuple[list[Sequence], list[int], list[SampleRow], list[list[int]]]:
-        """The sampled rows in order: one per sequence, n for a request's first sample (its forks sample from
-        the same logits: counts says how often each logits row repeats), 1 + k for a sequence verifying k
-        drafts (each row sees the drafts before it as outputs, for penalties and min_tokens); and each
-        row group's drafts."""
-        rows: list[Sequence] = []
-        counts: list[int] = []
-        sample_rows: list[SampleRow] = []
-        drafts: list[list[int]] = []
-        for item in sampling:
-            seq = item.seq
-            family = [seq, *self._fork(seq)] if seq.needs_fork else [seq]
-            spec = seq.spec_token_ids[:item.num_spec_tokens]
-            for j in range(len(spec)):
-                sample_rows.append(SampleRow(seq.params, seq.request.prompt_token_ids,
-                                             seq.output_token_ids + spec[:j], seq.generator))
-            rows += [seq] * len(spec) + family
-            counts += [1] * len(spec) + [len(family)]
-            sample_rows += [SampleRow(s.params, s.request.prompt_token_ids, s.output_token_ids + spec, s.generator)
-                            for s in family]
-            drafts += [spec] + [[]] * (len(family) - 1)
-        return rows, counts, sample_rows, drafts
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """The request's other samples, each sampled from the prompt's logits of this step; the scheduler
@@ -381,7 +334,7 @@ class LLMEngine:
         deltas: dict[str, RequestDelta] = {}
         if result.prompt_logprobs is not None:
             collect_prompt_logprobs(launched.scored, result.prompt_logprobs)
-        accepted = self._accepted_drafts(launched, result.tokens)
+        rejected = [] if self.spec is None else self.spec.settle(launched.rows, result.tokens, launched.spec)
         for i, (seq, pos) in enumerate(zip(launched.rows, launched.positions)):
             tok = result.tokens[i]
             # finished or aborted while this step ran, or past a rejected draft
@@ -401,8 +354,8 @@ class LLMEngine:
                 self._check_finish(seq, tok, pos)
             if req.timings.first_token_time is None:
                 req.timings.first_token_time = now
-            _add_token(self._delta(deltas, req), seq, tok, entry)
-        for seq, num_accepted, num_rejected in accepted:
+            add_token(self._delta(deltas, req), seq.index, tok, entry, seq.finish_reason, seq.stop_reason)
+        for seq, num_rejected in rejected:
             if seq.status is not SeqStatus.FINISHED:
                 del seq.token_ids[len(seq.token_ids) - num_rejected:]    # the placeholders of rejected rows
                 self.scheduler.reject_drafts(seq, num_rejected)
@@ -418,19 +371,6 @@ class LLMEngine:
                 req.timings.finished_time = now
                 del self.requests[delta.request_id]
         return list(deltas.values())
-
-    def _accepted_drafts(self, launched: LaunchedStep, tokens: list[int]) -> list[tuple[Sequence, int, int]]:
-        """(sequence, drafts accepted, drafts rejected) for each sequence that verified drafts; counted."""
-        out = []
-        if launched.spec:
-            emitted: dict[int, int] = {}
-            for seq, tok in zip(launched.rows, tokens):
-                emitted[seq.seq_id] = emitted.get(seq.seq_id, 0) + (tok >= 0)
-            for seq, k in launched.spec:
-                num_accepted = emitted[seq.seq_id] - 1
-                self.spec.record(seq, k, num_accepted)
-                out.append((seq, num_accepted, k - num_accepted))
-        return out
 
     @staticmethod
     def _delta(deltas: dict[str, RequestDelta], req: Request) -> RequestDelta:
@@ -478,18 +418,7 @@ class LLMEngine:
 
     def _check_finish(self, seq: Sequence, tok: int, pos: int) -> None:
         """pos: where tok sits in the sequence (later placeholders may follow it under overlap)."""
-        p = seq.params
-        num_output = pos + 1 - seq.num_prompt_tokens
-        reason, stop_reason = None, None
-        if num_output >= p.min_tokens:
-            if not p.ignore_eos and tok in p.eos_token_ids:
-                reason = "stop"
-            elif tok in p.stop_token_ids:
-                reason, stop_reason = "stop", tok
-        if reason is None and self.structured.is_complete(seq):   # e.g. ignore_eos: nothing may follow
-            reason = "stop"
-        if reason is None and (num_output >= seq.request.max_tokens or pos + 1 >= self.max_model_len):
-            reason = "length"
+        reason, stop_reason = finish_reason(seq, tok, pos, self.max_model_len, self.structured.is_complete(seq))
         if reason is not None:
             del seq.token_ids[pos + 1:]
             self.scheduler.finish(seq, reason, stop_reason)
@@ -513,19 +442,6 @@ class LLMEngine:
 
     def fail_all(self, error: BaseException) -> list[RequestDelta]:
         return self._fail(self.requests.values(), error)
-
-
-def _add_token(delta: RequestDelta, seq: Sequence, tok: int, entry: TokenLogprob | None) -> None:
-    """Appends a token to its sample's news of this step (several tokens with speculative decoding)."""
-    last = delta.seqs[-1] if delta.seqs else None
-    if last is None or last.index != seq.index:
-        delta.seqs.append(SequenceDelta(seq.index, [tok], None if entry is None else [entry], seq.finish_reason,
-                                        seq.stop_reason))
-        return
-    last.new_token_ids.append(tok)
-    if entry is not None:
-        last.new_logprobs.append(entry)
-    last.finish_reason, last.stop_reason = seq.finish_reason, seq.stop_reason
 
 
 from engine.loop import EngineLoop  # noqa: E402,F401  (the engine's thread lives beside it)

@@ -117,3 +117,33 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
     finished: bool = True
+
+
+@dataclass
+class StepTiming:
+    """Seconds spent in each phase of one step (recorded when LLMEngine.record_timings is set)."""
+    num_seqs: int
+    num_tokens: int
+    schedule: float
+    prepare: float
+    forward: float
+    sample: float
+    postprocess: float
+    wait: float = 0.0        # engine thread blocked on the device (overlap hides host work inside it)
+
+    @property
+    def host(self) -> float:
+        return self.schedule + self.prepare + self.sample + self.postprocess
+
+
+def add_token(delta: RequestDelta, index: int, tok: int, entry: TokenLogprob | None, finish_reason: str | None,
+              stop_reason: int | None) -> None:
+    """Appends a token to sample `index`'s news of this step (several tokens with speculative decoding)."""
+    last = delta.seqs[-1] if delta.seqs else None
+    if last is None or last.index != index:
+        delta.seqs.append(SequenceDelta(index, [tok], None if entry is None else [entry], finish_reason, stop_reason))
+        return
+    last.new_token_ids.append(tok)
+    if entry is not None:
+        last.new_logprobs.append(entry)
+    last.finish_reason, last.stop_reason = finish_reason, stop_reason
