@@ -201,3 +201,44 @@ def test_bad_config_names_the_flag(value, message):
     with pytest.raises(ValueError, match="--speculative-config") as err:
         SpeculativeConfig.parse(value)
     assert message in str(err.value)
+
+
+def test_penalties_bias_and_min_tokens_see_the_drafts(ckpt):
+    """Each verify row's penalties count the drafts before it as outputs: greedy output with penalties,
+    logit_bias and min_tokens is the same as without speculation."""
+    prompts = prompts_with_repeats(seed=7)[:8]
+    free = tokens_of(make_llm(ckpt, None).generate(prompts, greedy(20)))
+    params = [SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.02, frequency_penalty=0.05,
+                             presence_penalty=0.02, logit_bias={free[i][3]: 0.5}, min_tokens=6,
+                             stop_token_ids=[free[i][2]]) for i in range(len(prompts))]
+    ref = make_llm(ckpt, None).generate(prompts, params)
+    llm = make_llm(ckpt, NGRAM)
+    got = llm.generate(prompts, params)
+    assert [(g.outputs[0].token_ids, g.outputs[0].finish_reason) for g in got] == \
+        [(r.outputs[0].token_ids, r.outputs[0].finish_reason) for r in ref]
+    assert [r.outputs[0].token_ids for r in ref] != [f[:len(r.outputs[0].token_ids)] for f, r in zip(free, ref)]
+    assert llm.engine.spec.counters.num_accepted_tokens > 0
+    assert_no_leaks(llm)
+
+
+def test_seeded_samples_repeat_and_n_samples_finish(ckpt):
+    prompts = prompts_with_repeats(seed=8)[:6]
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=20, ignore_eos=True, seed=5, n=3)
+    first = make_llm(ckpt, NGRAM).generate(prompts, params)
+    llm = make_llm(ckpt, NGRAM)
+    again = llm.generate(prompts, params)
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    assert all(len(c.token_ids) == 20 for o in again for c in o.outputs)
+    assert_no_leaks(llm)
+
+
+def test_constrained_requests_do_not_speculate(ckpt):
+    """A grammar-constrained request decodes exactly as without speculation (it never proposes drafts)."""
+    prompts = prompts_with_repeats(seed=9)[:3]
+    params = SamplingParams(temperature=0.0, max_tokens=24,
+                            structured_outputs={"regex": "[a-z]{3,12}( [a-z]{2,8}){2,4}"})
+    ref = tokens_of(make_llm(ckpt, None).generate(prompts, params))
+    llm = make_llm(ckpt, NGRAM)
+    assert tokens_of(llm.generate(prompts, params)) == ref
+    assert llm.engine.spec.counters.num_drafts == 0
+    assert_no_leaks(llm)
