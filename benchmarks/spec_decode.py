@@ -7,7 +7,7 @@ same client, servers one after the other, --rounds times (alternating, so slow d
 - Input-grounded: a chat request that holds a passage of benchmarks/data/perplexity.txt (a few hundred
   tokens, a different one per repeat) and asks for it back word for word; greedy, --output-tokens out (EOS
   banned, so both stop at the same length). Time per output token = (last chunk - first chunk) / (tokens - 1).
-- Random: a prompt of random English words (--prompt-tokens), the same out; nothing there to copy.
+- Random: a prompt of random English words (--prompt-tokens), and one of random token ids, the same out.
 - Greedy output must be identical with and without speculation (checked: "same_text").
 - The acceptance counters of the speculating server (/metrics) are reported with each round.
 """
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_llamacpp import HERE, TEXT, Server, free_port, random_text, stream_once, words_for  # noqa: E402
@@ -73,11 +74,16 @@ def measure(server: Server, args: argparse.Namespace, eos: int, words: int) -> d
                     for p in passages(args.repeats, args.passage_words)]
         rand = [stream_once(client, model, random_text(seed, words), args.output_tokens, eos)
                 for seed in range(args.repeats)]
+        ids = [np.random.default_rng(seed).integers(100, args.vocab_size, args.prompt_tokens).tolist()
+               for seed in range(args.repeats)]
+        rand_ids = [stream_once(client, model, prompt, args.output_tokens, eos) for prompt in ids]
     return {"grounded_tpot_ms": round(statistics.median(r["tpot_s"] for r in grounded) * 1e3, 2),
             "grounded_tpot_ms_all": [round(r["tpot_s"] * 1e3, 2) for r in grounded],
             "grounded_chunks": [r["chunks"] for r in grounded],
             "random_tpot_ms": round(statistics.median(r["tpot_s"] for r in rand) * 1e3, 2),
             "random_tpot_ms_all": [round(r["tpot_s"] * 1e3, 2) for r in rand],
+            "random_ids_tpot_ms": round(statistics.median(r["tpot_s"] for r in rand_ids) * 1e3, 2),
+            "random_ids_tpot_ms_all": [round(r["tpot_s"] * 1e3, 2) for r in rand_ids],
             "texts": [r["text"] for r in grounded], "counters": counters(server.url)}
 
 
@@ -91,6 +97,7 @@ def main() -> None:
     p.add_argument("--passage-words", type=int, default=220)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=49152, help="random-id prompts draw ids below this")
     p.add_argument("--pagedserve-args", default="", help="extra `pagedserve serve` flags for both, space-separated")
     p.add_argument("--out", default=None, metavar="FILE.json")
     a = p.parse_args()
@@ -113,6 +120,7 @@ def main() -> None:
         none, spec = row["none"], row["ngram"]
         summary = {"grounded_speedup": round(none["grounded_tpot_ms"] / spec["grounded_tpot_ms"], 2),
                    "random_ratio": round(spec["random_tpot_ms"] / none["random_tpot_ms"], 3),
+                   "random_ids_ratio": round(spec["random_ids_tpot_ms"] / none["random_ids_tpot_ms"], 3),
                    "same_text": none["texts"] == spec["texts"]}
         for r in row.values():
             r.pop("texts")

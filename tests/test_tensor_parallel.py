@@ -125,3 +125,16 @@ def test_failed_load_leaves_no_rank_behind(tmp_path):
         LLM(model=str(path), device="cpu", tensor_parallel_size=2)
     assert not dist.is_initialized()
     assert not multiprocessing.active_children()
+
+
+def test_two_ranks_with_ngram_speculation_match_one(tmp_path):
+    """Verify steps (several query tokens per sequence, rolled back after rejections) on two ranks."""
+    path = make_checkpoint(tmp_path, "llama")
+    prompts = [p + p[: len(p) // 2] for p in workload()]
+    ref = LLM(model=str(path), **ENGINE_KW).generate(prompts, greedy())
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    with LLM(model=str(path), tensor_parallel_size=2, speculative_config=spec, **ENGINE_KW) as llm:
+        outs = llm.generate(prompts, greedy())
+        assert llm.engine.spec.counters.num_accepted_tokens > 0
+        assert_no_leaks(llm)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
