@@ -46,6 +46,23 @@ def assert_no_leaks(llm: LLM) -> None:
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
 
+def watch_mixed_steps(llm: LLM) -> dict[str, int]:
+    """Counts scheduled steps that verify drafts, and those that also carry a prompt chunk."""
+    counts = {"verify": 0, "chunk_and_verify": 0}
+    schedule = llm.engine.scheduler.schedule
+
+    def watched():
+        out = schedule()
+        verify = any(i.num_spec_tokens for i in out.scheduled)
+        chunk = any(i.seq.num_computed_tokens + i.num_new_tokens <= i.seq.num_prompt_tokens for i in out.scheduled)
+        counts["verify"] += verify
+        counts["chunk_and_verify"] += verify and chunk
+        return out
+
+    llm.engine.scheduler.schedule = watched
+    return counts
+
+
 def assert_counters_add_up(llm: LLM, k: int = NGRAM["num_speculative_tokens"]) -> None:
     c = llm.engine.spec.counters
     assert c.num_drafts > 0 and c.num_accepted_tokens > 0, c
@@ -64,8 +81,12 @@ def test_greedy_identical_batched(ckpt, engine_kw):
     prompts = prompts_with_repeats(seed=1)
     ref = tokens_of(make_llm(ckpt, None, **engine_kw).generate(prompts, greedy()))
     llm = make_llm(ckpt, NGRAM, **engine_kw)
+    mixed = watch_mixed_steps(llm)
     assert tokens_of(llm.generate(prompts, greedy())) == ref
     assert_counters_add_up(llm)
+    assert mixed["verify"] > 0
+    if "max_num_batched_tokens" in engine_kw:      # prompt chunks in the same steps as verifications
+        assert mixed["chunk_and_verify"] > 0
     if "num_kv_blocks" in engine_kw:
         assert llm.engine.scheduler.num_preemptions > 0
     assert_no_leaks(llm)

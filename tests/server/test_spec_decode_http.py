@@ -89,3 +89,17 @@ def test_a_bad_config_stops_the_server(tiny_checkpoint, value, message):
         proc.wait_ready()
     proc.stop()
     assert message in str(err.value)
+
+
+def test_a_draft_model_server_gives_the_same_text(server, tiny_checkpoint):
+    draft = f'{{"method": "draft_model", "model": "{tiny_checkpoint}", "num_speculative_tokens": 2}}'
+    proc = start_server(tiny_checkpoint, "--speculative-config", draft)
+    try:
+        for prompt in PROMPTS[:4]:
+            ref = complete(server.base_url, prompt)
+            got = complete(proc.base_url, prompt)
+            assert (got["text"], got["finish_reason"]) == (ref["text"], ref["finish_reason"])
+        m = parse(httpx.get(f"{proc.base_url}/metrics").text)
+        assert m["pagedserve_spec_decode_num_accepted_tokens_total"] == m["pagedserve_spec_decode_num_draft_tokens_total"] > 0
+    finally:
+        proc.stop()
