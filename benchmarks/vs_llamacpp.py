@@ -89,9 +89,11 @@ def random_text(seed: int, words: int) -> str:
     return " ".join(np.random.default_rng(seed).choice(vocab, words))
 
 
-def stream_once(client: httpx.Client, model: str, prompt: str, max_tokens: int, eos: int) -> dict:
+def stream_once(client: httpx.Client, model: str, prompt: str | list[int], max_tokens: int, eos: int,
+                **sampling) -> dict:
+    """sampling: body fields over greedy (e.g. temperature, seed)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "logit_bias": {str(eos): -100}}
+            "logit_bias": {str(eos): -100}, **sampling}
     t0 = time.perf_counter()
     stamps, finish = [], None
     with client.stream("POST", "/v1/completions", json=body) as r:
