@@ -263,3 +263,18 @@ def test_constrained_requests_do_not_speculate(ckpt):
     assert tokens_of(llm.generate(prompts, params)) == ref
     assert llm.engine.spec.counters.num_drafts == 0
     assert_no_leaks(llm)
+
+
+def test_lora_requests_speculate_too(ckpt, tmp_path):
+    """Verify rows of a request with an adapter carry its slot: output equal to the LoRA engine without drafts."""
+    from engine import LoRARequest
+    from tests.lora_adapters import make_adapter
+    adapter = make_adapter(ckpt, tmp_path / "a", ["q_proj", "v_proj", "down_proj"], rank=8, alpha=16, seed=1)
+    prompts = prompts_with_repeats(seed=10)[:6]
+    loras = [LoRARequest("a", 1, str(adapter)), None] * 3
+    ref = tokens_of(make_llm(ckpt, None, enable_lora=True, max_lora_rank=8).generate(prompts, greedy(),
+                                                                                       lora_request=loras))
+    llm = make_llm(ckpt, NGRAM, enable_lora=True, max_lora_rank=8)
+    assert tokens_of(llm.generate(prompts, greedy(), lora_request=loras)) == ref
+    assert_counters_add_up(llm)
+    assert_no_leaks(llm)
