@@ -22,10 +22,22 @@ MAX_COOLDOWN = 64      # steps a missing sequence waits at most before it tries 
 
 @dataclass
 class SpecState:
-    """Per sequence: its draft length now and the backoff after misses."""
+    """Per sequence: its draft length now, the backoff after misses, and its token ids as an array for the
+    n-gram lookup (appended to as the sequence grows, not converted again every step)."""
     budget: int
     cooldown: int = 0          # steps left without proposing
     next_cooldown: int = 1
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_ids: int = 0
+
+    def token_array(self, token_ids: list[int]) -> np.ndarray:
+        if len(token_ids) > len(self.ids):
+            grown = np.zeros(max(2 * len(self.ids), len(token_ids) + 256), np.int64)
+            grown[:self.num_ids] = self.ids[:self.num_ids]
+            self.ids = grown
+        self.ids[self.num_ids:len(token_ids)] = token_ids[self.num_ids:]
+        self.num_ids = len(token_ids)
+        return self.ids[:self.num_ids]
 
 
 @dataclass
@@ -70,8 +82,7 @@ class SpecProposer:
         cfg = self.config
         if cfg.method == "draft_model":
             return placeholder_drafts(k)       # the draft model fills them once the step is scheduled
-        return propose_ngram(np.asarray(seq.token_ids, dtype=np.int64), k, cfg.prompt_lookup_min,
-                             cfg.prompt_lookup_max)
+        return propose_ngram(seq.spec.token_array(seq.token_ids), k, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """After verification: counts, and the sequence's next draft length."""
