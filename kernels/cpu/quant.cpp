@@ -66,9 +66,6 @@ inline float hsum(__m256 acc) {
 
 // One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
 // costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
-// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once.
-// One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
-// costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
 // are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once. The format is a template
 // argument so that the block decode inlines into the loop without branches.
 template <int T, int R>
@@ -170,11 +167,163 @@ DotAnyFn dot_for(int t) {
   }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+// Many input rows (prefill, large decode batches): the weights are unpacked tile by tile, 16 weight rows at a
+// time, into int16 pairs interleaved across the 16 rows (one 512-bit vector holds weights k, k+1 of every row:
+// what one VNNI dpwssd multiplies with an input row's pair k, k+1 broadcast). The tile (K/2 vectors and the
+// chunks' scales and offsets as vectors over its 16 rows) stays in L1/L2 and serves every input row; each row
+// then costs 16 dpwssd per 32 weights x 16 outputs and one float scale per chunk, instead of the dot
+// products' widening and per-row float work. Same int16 inputs, same exact int32 chunk sums as dot_rows.
+constexpr int TILE_N = 16;
+constexpr int TILE_MIN_ROWS = 8;  // below this the repacking costs more than it saves (measured: see MAX_KERNEL_ROWS)
+constexpr int TILE_RM = 8;        // input rows per pass over the tile (their sums stay in registers)
+
+struct Tile {
+  std::vector<int32_t> wq;       // [chunk][pair][16 rows]: int16 pairs
+  std::vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
+};
+
+// Weight rows n0..n0+rows-1 (rows <= 16; the rest zero) unpacked into the tile.
+template <int T>
+void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Tile& tile) {
+  constexpr int bb = block_bytes(T), per_block = block_weights(T) / QK;
+  const int nchunks = K / QK;
+  tile.wq.resize(static_cast<size_t>(nchunks) * 16 * TILE_N);
+  tile.d0.resize(static_cast<size_t>(nchunks) * TILE_N);
+  tile.d1.resize(tile.d0.size());
+  tile.m.resize(tile.d0.size());
+  alignas(64) int16_t tmp[per_block][TILE_N][QK];
+  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(QK / 2));
+  for (int blk = 0; blk < K / block_weights(T); ++blk) {
+    for (int n = 0; n < TILE_N; ++n) {
+      const int c0 = blk * per_block;
+      if (n >= rows) {
+        for (int j = 0; j < per_block; ++j) {
+          _mm512_store_si512(tmp[j][n], _mm512_setzero_si512());
+          tile.d0[(c0 + j) * TILE_N + n] = tile.d1[(c0 + j) * TILE_N + n] = tile.m[(c0 + j) * TILE_N + n] = 0.0f;
+        }
+        continue;
+      }
+      const uint8_t* wb = w + (n0 + n) * row_bytes + static_cast<int64_t>(blk) * bb;
+      if constexpr (!is_k_quant(T)) {
+        float d, m;
+        _mm512_store_si512(tmp[0][n], block_i16_avx512(T, wb, &d, &m));
+        tile.d0[c0 * TILE_N + n] = tile.d1[c0 * TILE_N + n] = d;
+        tile.m[c0 * TILE_N + n] = m;
+      } else {
+        Chunk chunks[per_block];
+        decode_block(T, wb, chunks);
+        for (int j = 0; j < per_block; ++j) {
+          _mm512_store_si512(tmp[j][n], _mm512_cvtepi8_epi16(chunks[j].q));
+          tile.d0[(c0 + j) * TILE_N + n] = chunks[j].d0;
+          tile.d1[(c0 + j) * TILE_N + n] = chunks[j].d1;
+          tile.m[(c0 + j) * TILE_N + n] = chunks[j].m;
+        }
+      }
+    }
+    for (int j = 0; j < per_block; ++j) {
+      int32_t* dst = tile.wq.data() + static_cast<size_t>(blk * per_block + j) * 16 * TILE_N;
+      for (int p = 0; p < QK / 2; ++p)  // pair p of every row: a transpose of the 16 x 16 int32 pairs
+        _mm512_storeu_si512(dst + p * TILE_N,
+                            _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(p)), tmp[j], 4));
+    }
+  }
+}
+
+inline void store16(float* out, __m512 v, int n) {
+  if (n == TILE_N) _mm512_storeu_ps(out, v);
+  else _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), v);
+}
+inline void store16(uint16_t* out, __m512 v, int n) {
+  alignas(64) float f[TILE_N];
+  _mm512_store_ps(f, v);
+  for (int i = 0; i < n; ++i) pagedserve::store(out + i, f[i]);
+}
+
+// R input rows times the tile: out[r][0..n) for the tile's n valid weight rows.
+template <int T, int R, typename O>
+void tile_rows(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n) {
+  constexpr bool has_offset = T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K, split = T == Q6_K;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int32_t* wq = tile.wq.data();
+  for (int c = 0; c < K / QK; ++c, wq += 16 * TILE_N) {
+    const __m512 d0 = _mm512_loadu_ps(tile.d0.data() + c * TILE_N);
+    __m512i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 16; ++p) {
+      if (split && p == 8) {  // Q6_K: weights 16..31 of the chunk have their own scale
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), d0), _mm512_set1_ps(x[r].scale[c]), acc[r]);
+          sum[r] = _mm512_setzero_si512();
+        }
+      }
+      const __m512i wv = _mm512_loadu_si512(wq + p * TILE_N);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, x[r].q.data() + QK * c + 2 * p, 4);
+        sum[r] = _mm512_dpwssd_epi32(sum[r], wv, _mm512_set1_epi32(pair));
+      }
+    }
+    const __m512 d = split ? _mm512_loadu_ps(tile.d1.data() + c * TILE_N) : d0;
+    const __m512 mv = _mm512_loadu_ps(tile.m.data() + c * TILE_N);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), d), _mm512_set1_ps(x[r].scale[c]), acc[r]);
+      if constexpr (has_offset) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x[r].sum[c]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store16(out + r * ldo, acc[r], n);
+}
+
+template <int T, typename O>
+void tile_any(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n, int R) {
+  using Fn = void (*)(const Tile&, const QRow*, int, O*, int64_t, int);
+  static constexpr Fn fns[TILE_RM] = {tile_rows<T, 1, O>, tile_rows<T, 2, O>, tile_rows<T, 3, O>, tile_rows<T, 4, O>,
+                                      tile_rows<T, 5, O>, tile_rows<T, 6, O>, tile_rows<T, 7, O>, tile_rows<T, 8, O>};
+  fns[R - 1](tile, x, K, out, ldo, n);
+}
+
+template <int T, typename O>
+void qgemm_tiles(const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
+                 int64_t ldo) {
+  pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
+    static thread_local Tile tile;
+    const int n0 = static_cast<int>(i) * TILE_N, n = std::min(TILE_N, N - n0);
+    pack_tile<T>(w, row_bytes, n0, n, K, tile);
+    for (int m0 = 0; m0 < M; m0 += TILE_RM)
+      tile_any<T>(tile, &qx[m0], K, out + static_cast<int64_t>(m0) * ldo + n0, ldo, n, std::min(TILE_RM, M - m0));
+  });
+}
+
+template <typename O>
+void qgemm(int t, const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
+           int64_t ldo) {
+  switch (t) {
+    case Q4_0: return qgemm_tiles<Q4_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q4_1: return qgemm_tiles<Q4_1>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_0: return qgemm_tiles<Q5_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_1: return qgemm_tiles<Q5_1>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q8_0: return qgemm_tiles<Q8_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q4_K: return qgemm_tiles<Q4_K>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_K: return qgemm_tiles<Q5_K>(qx, w, M, N, K, row_bytes, out, ldo);
+    default: return qgemm_tiles<Q6_K>(qx, w, M, N, K, row_bytes, out, ldo);
+  }
+}
+#define PAGEDSERVE_QGEMM 1
+#endif
+
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
   const DotAnyFn dot = dot_for(t);
   std::vector<QRow> qx(M);
   for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
+#if defined(PAGEDSERVE_QGEMM)
+  if (M >= TILE_MIN_ROWS) {
+    qgemm(t, qx, w, M, N, K, row_bytes, out, ldo);
+    return 0;
+  }
+#endif
   pagedserve::parallel_for((N + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
     const int n0 = static_cast<int>(i) * ROWS_PER_INDEX, n1 = std::min(N, n0 + ROWS_PER_INDEX);
     float res[ROWS_PER_DECODE];
@@ -271,4 +420,14 @@ extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* 
   else
     dequant(wb, t, row_bytes, rows, n, K, static_cast<float*>(out));
   return 0;
+}
+
+// The most input rows qlinear is meant for: 0 = any (the VNNI tile path computes prefill-sized inputs faster
+// than dequantizing the weight for a float GEMM); else the dot products' crossover with dequantize + GEMM.
+extern "C" int qlinear_max_rows() {
+#if defined(PAGEDSERVE_QGEMM)
+  return 0;
+#else
+  return 16;
+#endif
 }
