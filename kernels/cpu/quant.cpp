@@ -7,10 +7,13 @@
 // activations: with int8 the rounding of the hidden state in SmolLM2's LM head alone moved a logit by ~0.1
 // and flipped the README's greedy answer; int16 is ~256x closer to the float product for about one more
 // instruction per 16 weights. The weights are read once, in their 4.5-8.5 bits: that read is what a
-// one-stream decode step waits on. Larger inputs (prefill) dequantize the
-// weight rows (qdequant) into a float GEMM done by the caller. Built by kernels/cpu/build.py with
-// -march=native, so the AVX2 path is compiled exactly where the CPU has it; elsewhere a scalar loop does the
-// same arithmetic.
+// one-stream decode step waits on. Larger inputs (prefill, decode batches): with AVX-512 VNNI, tiles of 16
+// weight rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (below,
+// qgemm_tiles; the same int16 inputs); elsewhere the caller dequantizes the weight rows (qdequant) for a
+// float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4 core (512-bit
+// operations in two halves), and int8 inputs with dpbusd, though 1.2-1.7x faster, changed SmolLM2's greedy
+// tokens (docs/benchmarks.md). Built by kernels/cpu/build.py with -march=native, so each path is compiled
+// exactly where the CPU has it; elsewhere a scalar loop does the same arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
