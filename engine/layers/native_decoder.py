@@ -3,7 +3,7 @@
 At one sequence a decode step of SmolLM2 (30 layers) spent more time in Python between the per-layer kernels
 than in them. The native layer calls the same kernels in the same order as the torch modules, so the output
 is the same bit for bit (tests/test_native_decoder.py); the modules stay the reference and run whatever the
-native layer does not take: more rows than the quantized kernel serves (long prefill chunks), tensor
+native layer does not take: more rows than the quantized kernel serves (long prefill chunks where it has no tile path), tensor
 parallelism, biases, a layer with float weights, another attention backend.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.distributed import parallel_state
-from engine.layers.quantized import MAX_KERNEL_ROWS, QuantizedWeight
+from engine.layers.quantized import QuantizedWeight, kernel_max_rows
 
 
 def _projection(q: QuantizedWeight):
@@ -24,7 +24,9 @@ class NativeDecoder:
     def __init__(self, model: torch.nn.Module) -> None:
         from kernels.cpu.layer import load_layer_kernel
         self.model = model
+        from kernels.cpu.quant import load_quant_kernel
         self.kernel = load_layer_kernel()
+        self.max_rows = kernel_max_rows(load_quant_kernel())   # the rows the modules' projections run natively
         self._weights: list | None = None
         self._cache_ptr = 0
 
@@ -45,7 +47,7 @@ class NativeDecoder:
     def applies(self, hidden: torch.Tensor) -> bool:
         backend = self.model.layers[0].self_attn.attn.backend
         lora = self.model.layers[0].self_attn.qkv_proj.lora     # adapters in the step: the modules add them
-        return (self.kernel is not None and (lora is None or not lora.batch.active) and 0 < hidden.shape[0] <= MAX_KERNEL_ROWS
+        return (self.kernel is not None and (lora is None or not lora.batch.active) and 0 < hidden.shape[0] <= self.max_rows
                 and hidden.dtype in (torch.float32, torch.bfloat16) and backend is not None
                 and backend.name == "cpu" and backend.kernel is not None)
 

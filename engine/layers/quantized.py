@@ -3,9 +3,10 @@ tied LM head computed from the blocks.
 
 A QuantizedWeight is a [N, K] weight as row segments of blocks (a fused q/k/v or gate/up weight has one
 segment per checkpoint tensor, each in its own format). Few-row products (decode) go to the compiled kernel,
-which dots the blocks with input rows rounded to int16 per block of 32; more rows (prefill) dequantize the
-weight into the activations' dtype for torch's GEMM. Without the compiled kernels (no C++ compiler) the `gguf` package's
-dequantizer does the same: it is also the tests' reference.
+which dots the blocks with input rows rounded to int16 per block of 32 (with AVX-512 VNNI also prefill-sized
+inputs, by tiles); more rows elsewhere dequantize the weight into the activations' dtype for torch's GEMM.
+Without the compiled kernels (no C++ compiler) the `gguf` package's dequantizer does the same: it is also the
+tests' reference.
 """
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# Up to this many input rows the kernel's integer dot products beat dequantize + torch's GEMM. Measured on a
-# quiet 2-vCPU AMD EPYC (AVX2 path) for SmolLM2's Q4_1 gate_up (3072x576) and down (576x1536): at 1 row
-# 0.12 vs 0.80 ms and 0.09 vs 0.15 ms, at 16 rows 1.13 vs 1.32 and 0.73 vs 0.54, at 64 rows 3.3 vs 2.3 and
-# 2.1 vs 1.0 (benchmarks/gguf_quantized.py --crossover). Decode batches up to this size are also what the
-# native decoder layer (native_decoder.py) takes.
+# Up to this many input rows the kernel's integer dot products beat dequantize + torch's GEMM on CPUs without
+# AVX-512 VNNI. Measured on a quiet 2-vCPU AMD EPYC (AVX2 path) for SmolLM2's Q4_1 gate_up (3072x576) and down
+# (576x1536): at 1 row 0.12 vs 0.80 ms and 0.09 vs 0.15 ms, at 16 rows 1.13 vs 1.32 and 0.73 vs 0.54, at 64 rows
+# 3.3 vs 2.3 and 2.1 vs 1.0 (benchmarks/gguf_quantized.py --crossover). With AVX-512 VNNI the kernel's tile
+# path computes any number of rows from the blocks (0.6-0.8x of dequantize + GEMM from 8 rows up to prefill
+# sizes, 0.2-0.3x for the LM head: docs/benchmarks.md), so there is no limit (QuantKernel.max_rows is None).
+# Steps up to the limit are also what the native decoder layer (native_decoder.py) takes.
 MAX_KERNEL_ROWS = 16
+
+
+def kernel_max_rows(kernel) -> int:
+    """Input rows the compiled kernel takes (0 without it)."""
+    if kernel is None:
+        return 0
+    return kernel.max_rows or 1 << 62
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class QuantizedWeight:
         self.in_features = in_features
         self.out_features = sum(s.blocks.shape[0] for s in segments)
         self.kernel = load_quant_kernel()
+        self.max_kernel_rows = kernel_max_rows(self.kernel)
 
     @property
     def nbytes(self) -> int:
@@ -60,7 +71,7 @@ class QuantizedWeight:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:      # e.g. the LM head of a step whose prefill chunks all end mid-prompt
             return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
-        if self.kernel is not None and rows.shape[0] <= MAX_KERNEL_ROWS and rows.dtype in (torch.float32,
+        if rows.shape[0] <= self.max_kernel_rows and rows.dtype in (torch.float32,
                                                                                             torch.bfloat16):
             rows = rows.contiguous()
             out = torch.empty(rows.shape[0], self.out_features, dtype=out_dtype)

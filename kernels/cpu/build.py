@@ -97,5 +97,7 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.qlinear.restype = i
     lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i, i]
     lib.qdequant.restype = i
+    lib.qlinear_max_rows.restype = i
+    lib.qlinear_max_rows.argtypes = []
     lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
     return lib

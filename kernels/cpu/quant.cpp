@@ -7,10 +7,13 @@
 // activations: with int8 the rounding of the hidden state in SmolLM2's LM head alone moved a logit by ~0.1
 // and flipped the README's greedy answer; int16 is ~256x closer to the float product for about one more
 // instruction per 16 weights. The weights are read once, in their 4.5-8.5 bits: that read is what a
-// one-stream decode step waits on. Larger inputs (prefill) dequantize the
-// weight rows (qdequant) into a float GEMM done by the caller. Built by kernels/cpu/build.py with
-// -march=native, so the AVX2 path is compiled exactly where the CPU has it; elsewhere a scalar loop does the
-// same arithmetic.
+// one-stream decode step waits on. Larger inputs (prefill, decode batches): with AVX-512 VNNI, tiles of 16
+// weight rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (below,
+// qgemm_tiles; the same int16 inputs); elsewhere the caller dequantizes the weight rows (qdequant) for a
+// float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4 core (512-bit
+// operations in two halves), and int8 inputs with dpbusd, though 1.2-1.7x faster, changed SmolLM2's greedy
+// tokens (docs/benchmarks.md). Built by kernels/cpu/build.py with -march=native, so each path is compiled
+// exactly where the CPU has it; elsewhere a scalar loop does the same arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,12 +38,34 @@ struct QRow {
   std::vector<float> scale, sum;
 };
 
+#if defined(__AVX512BW__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+#endif
+
 template <typename T>
 void quantize_row(const T* x, int K, QRow& r) {
   const int nb = K / QK;
   r.q.resize(K);
   r.scale.resize(nb);
   r.sum.resize(nb);
+#if defined(__AVX512BW__)
+  // the scalar loop's arithmetic in 16 lanes (one multiply, round to nearest even): the same values
+  for (int b = 0; b < nb; ++b) {
+    const __m512 v0 = load16(x + b * QK), v1 = load16(x + b * QK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.q.data() + b * QK), _mm512_cvtepi32_epi16(q0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.q.data() + b * QK + 16), _mm512_cvtepi32_epi16(q1));
+    r.scale[b] = d;
+    r.sum[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+#else
   for (int b = 0; b < nb; ++b) {
     float amax = 0.0f;
     for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(pagedserve::load(x + b * QK + j)));
@@ -54,6 +79,7 @@ void quantize_row(const T* x, int K, QRow& r) {
     r.scale[b] = d;
     r.sum[b] = d * static_cast<float>(is);
   }
+#endif
 }
 
 #if defined(__AVX2__)
@@ -64,9 +90,6 @@ inline float hsum(__m256 acc) {
   return _mm_cvtss_f32(s);
 }
 
-// One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
-// costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
-// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once.
 // One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
 // costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
 // are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once. The format is a template
@@ -170,11 +193,172 @@ DotAnyFn dot_for(int t) {
   }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+// Many input rows (prefill, large decode batches): the weights are unpacked tile by tile, 16 weight rows at a
+// time, into int16 pairs interleaved across the 16 rows (one 512-bit vector holds weights k, k+1 of every row:
+// what one VNNI dpwssd multiplies with an input row's pair k, k+1 broadcast). The tile (K/2 vectors and the
+// chunks' scales and offsets as vectors over its 16 rows) stays in L1/L2 and serves every input row; each row
+// then costs 16 dpwssd per 32 weights x 16 outputs and one float scale per chunk, instead of the dot
+// products' widening and per-row float work. Same int16 inputs, same exact int32 chunk sums as dot_rows.
+constexpr int TILE_N = 16;
+// Below this many input rows the unpacking costs more than it saves: measured against the dot products on a
+// 2-vCPU AMD EPYC (Zen 4 core, AVX-512 VNNI), one thread: Q4_1/Q4_K/Q6_K 3072x576..576x1536 even at 8 rows,
+// 0.69-0.85x at 12; Q8_0 (SmolLM2's 49152x576 LM head: more bytes to unpack per weight) 1.34x at 12, 1.16x
+// at 16.
+constexpr int tile_min_rows(int t) { return t == Q8_0 ? 24 : 12; }
+constexpr int TILE_RM = 8;        // input rows per pass over the tile (their sums stay in registers)
+
+struct Tile {
+  std::vector<int32_t> wq;       // [chunk][pair][16 rows]: int16 pairs
+  std::vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
+};
+
+// Weight rows n0..n0+rows-1 (rows <= 16; the rest zero) unpacked into the tile.
+template <int T>
+void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Tile& tile) {
+  constexpr int bb = block_bytes(T), per_block = block_weights(T) / QK;
+  const int nchunks = K / QK;
+  tile.wq.resize(static_cast<size_t>(nchunks) * 16 * TILE_N);
+  tile.d0.resize(static_cast<size_t>(nchunks) * TILE_N);
+  tile.d1.resize(tile.d0.size());
+  tile.m.resize(tile.d0.size());
+  alignas(64) int16_t tmp[per_block][TILE_N][QK];
+  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(QK / 2));
+  for (int blk = 0; blk < K / block_weights(T); ++blk) {
+    for (int n = 0; n < TILE_N; ++n) {
+      const int c0 = blk * per_block;
+      if (n >= rows) {
+        for (int j = 0; j < per_block; ++j) {
+          _mm512_store_si512(tmp[j][n], _mm512_setzero_si512());
+          tile.d0[(c0 + j) * TILE_N + n] = tile.d1[(c0 + j) * TILE_N + n] = tile.m[(c0 + j) * TILE_N + n] = 0.0f;
+        }
+        continue;
+      }
+      const uint8_t* wb = w + (n0 + n) * row_bytes + static_cast<int64_t>(blk) * bb;
+      if constexpr (!is_k_quant(T)) {
+        float d, m;
+        _mm512_store_si512(tmp[0][n], block_i16_avx512(T, wb, &d, &m));
+        tile.d0[c0 * TILE_N + n] = tile.d1[c0 * TILE_N + n] = d;
+        tile.m[c0 * TILE_N + n] = m;
+      } else {
+        Chunk chunks[per_block];
+        decode_block(T, wb, chunks);
+        for (int j = 0; j < per_block; ++j) {
+          _mm512_store_si512(tmp[j][n], _mm512_cvtepi8_epi16(chunks[j].q));
+          tile.d0[(c0 + j) * TILE_N + n] = chunks[j].d0;
+          tile.d1[(c0 + j) * TILE_N + n] = chunks[j].d1;
+          tile.m[(c0 + j) * TILE_N + n] = chunks[j].m;
+        }
+      }
+    }
+    for (int j = 0; j < per_block; ++j) {
+      int32_t* dst = tile.wq.data() + static_cast<size_t>(blk * per_block + j) * 16 * TILE_N;
+      for (int p = 0; p < QK / 2; ++p)  // pair p of every row: a transpose of the 16 x 16 int32 pairs
+        _mm512_storeu_si512(dst + p * TILE_N,
+                            _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(p)), tmp[j], 4));
+    }
+  }
+}
+
+inline void store16(float* out, __m512 v, int n) {
+  if (n == TILE_N) _mm512_storeu_ps(out, v);
+  else _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), v);
+}
+inline void store16(uint16_t* out, __m512 v, int n) {
+  alignas(64) float f[TILE_N];
+  _mm512_store_ps(f, v);
+  for (int i = 0; i < n; ++i) pagedserve::store(out + i, f[i]);
+}
+
+// R input rows times the tile: out[r][0..n) for the tile's n valid weight rows.
+template <int T, int R, typename O>
+void tile_rows(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n) {
+  constexpr bool has_offset = T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K, split = T == Q6_K;
+  __m512 acc[R];
+  const int16_t* xq[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), xq[r] = x[r].q.data();
+  const int32_t* wq = tile.wq.data();
+  for (int c = 0; c < K / QK; ++c, wq += 16 * TILE_N) {
+    const __m512 d0 = _mm512_loadu_ps(tile.d0.data() + c * TILE_N);
+    __m512i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 16; ++p) {
+      if (split && p == 8) {  // Q6_K: weights 16..31 of the chunk have their own scale
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), d0), _mm512_set1_ps(x[r].scale[c]), acc[r]);
+          sum[r] = _mm512_setzero_si512();
+        }
+      }
+      const __m512i wv = _mm512_loadu_si512(wq + p * TILE_N);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, xq[r] + QK * c + 2 * p, 4);
+        sum[r] = _mm512_dpwssd_epi32(sum[r], wv, _mm512_set1_epi32(pair));
+      }
+    }
+    const __m512 d = split ? _mm512_loadu_ps(tile.d1.data() + c * TILE_N) : d0;
+    const __m512 mv = _mm512_loadu_ps(tile.m.data() + c * TILE_N);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), d), _mm512_set1_ps(x[r].scale[c]), acc[r]);
+      if constexpr (has_offset) acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x[r].sum[c]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store16(out + r * ldo, acc[r], n);
+}
+
+template <int T, typename O>
+void tile_any(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n, int R) {
+  using Fn = void (*)(const Tile&, const QRow*, int, O*, int64_t, int);
+  static constexpr Fn fns[TILE_RM] = {tile_rows<T, 1, O>, tile_rows<T, 2, O>, tile_rows<T, 3, O>, tile_rows<T, 4, O>,
+                                      tile_rows<T, 5, O>, tile_rows<T, 6, O>, tile_rows<T, 7, O>, tile_rows<T, 8, O>};
+  fns[R - 1](tile, x, K, out, ldo, n);
+}
+
+template <int T, typename O>
+void qgemm_tiles(const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
+                 int64_t ldo) {
+  pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
+    static thread_local Tile tile;
+    const int n0 = static_cast<int>(i) * TILE_N, n = std::min(TILE_N, N - n0);
+    pack_tile<T>(w, row_bytes, n0, n, K, tile);
+    for (int m0 = 0; m0 < M; m0 += TILE_RM)
+      tile_any<T>(tile, &qx[m0], K, out + static_cast<int64_t>(m0) * ldo + n0, ldo, n, std::min(TILE_RM, M - m0));
+  });
+}
+
+template <typename O>
+void qgemm(int t, const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
+           int64_t ldo) {
+  switch (t) {
+    case Q4_0: return qgemm_tiles<Q4_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q4_1: return qgemm_tiles<Q4_1>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_0: return qgemm_tiles<Q5_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_1: return qgemm_tiles<Q5_1>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q8_0: return qgemm_tiles<Q8_0>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q4_K: return qgemm_tiles<Q4_K>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q5_K: return qgemm_tiles<Q5_K>(qx, w, M, N, K, row_bytes, out, ldo);
+    default: return qgemm_tiles<Q6_K>(qx, w, M, N, K, row_bytes, out, ldo);
+  }
+}
+#define PAGEDSERVE_QGEMM 1
+#endif
+
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
   const DotAnyFn dot = dot_for(t);
   std::vector<QRow> qx(M);
-  for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
+  if (M >= 32) {  // prefill-sized inputs: rows shared out like the products
+    pagedserve::parallel_for(M, [&](int64_t m) { quantize_row(x + m * K, K, qx[m]); });
+  } else {
+    for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
+  }
+#if defined(PAGEDSERVE_QGEMM)
+  if (M >= tile_min_rows(t)) {
+    qgemm(t, qx, w, M, N, K, row_bytes, out, ldo);
+    return 0;
+  }
+#endif
   pagedserve::parallel_for((N + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
     const int n0 = static_cast<int>(i) * ROWS_PER_INDEX, n1 = std::min(N, n0 + ROWS_PER_INDEX);
     float res[ROWS_PER_DECODE];
@@ -271,4 +455,14 @@ extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* 
   else
     dequant(wb, t, row_bytes, rows, n, K, static_cast<float*>(out));
   return 0;
+}
+
+// The most input rows qlinear is meant for: 0 = any (the VNNI tile path computes prefill-sized inputs faster
+// than dequantizing the weight for a float GEMM); else the dot products' crossover with dequantize + GEMM.
+extern "C" int qlinear_max_rows() {
+#if defined(PAGEDSERVE_QGEMM)
+  return 0;
+#else
+  return 16;
+#endif
 }

@@ -34,6 +34,9 @@ DTYPES = (torch.float32, torch.bfloat16)
 class QuantKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
+        # The most input rows linear_into is meant for (None: any): the build with AVX-512 VNNI computes
+        # prefill-sized inputs from the blocks too; the others hand more than 16 rows to a float GEMM.
+        self.max_rows: int | None = lib.qlinear_max_rows() or None
 
     def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is

@@ -239,4 +239,28 @@ inline __attribute__((always_inline)) int decode_block(int t, const uint8_t* w, 
 
 #endif  // __AVX2__
 
+#if defined(__AVX512BW__) && defined(__AVX512DQ__)
+// The block's 32 integer weights (offset removed) as int16 lanes in order, with its scale d and offset m: the
+// nibbles are widened once and shifted per half (weights 0..15 low nibbles, 16..31 high), the fifth bits
+// added through a mask register.
+inline __attribute__((always_inline)) __m512i block_i16_avx512(int t, const uint8_t* w, float* d, float* m) {
+  *d = half_at(w);
+  *m = (t == Q4_1 || t == Q5_1) ? half_at(w + 2) : 0.0f;
+  if (t == Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2)));
+  const int nib = t == Q4_0 ? 2 : t == Q4_1 ? 4 : t == Q5_0 ? 6 : 8;
+  const __m512i both = _mm512_cvtepu8_epi16(
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + nib))));
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512i q = _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi16(0x0f));
+  if (t == Q5_0 || t == Q5_1) {
+    uint32_t qh;
+    std::memcpy(&qh, w + nib - 4, 4);
+    q = _mm512_mask_add_epi16(q, static_cast<__mmask32>(qh), q, _mm512_set1_epi16(16));
+  }
+  if (t == Q4_0) q = _mm512_sub_epi16(q, _mm512_set1_epi16(8));
+  if (t == Q5_0) q = _mm512_sub_epi16(q, _mm512_set1_epi16(16));
+  return q;
+}
+#endif  // __AVX512BW__
+
 }  // namespace
