@@ -3,6 +3,8 @@ drafts, or the draft model's room), the draft model's tokens once the scheduler 
 verify rows' tensors for the sampler, and after the step which drafts were accepted (counted, backoff)."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.request import Sequence
@@ -14,6 +16,8 @@ from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.proposer import SpecCounters, SpecProposer
 from engine.spec_decode.rejection import DraftTensors
 
+log = logging.getLogger(__name__)
+
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, plan: ModelPlan, num_blocks: int, vocab_size: int,
@@ -22,6 +26,9 @@ class Speculator:
         self.draft = None if config.method != "draft_model" else DraftModel(
             config, plan, num_blocks, vocab_size, target_vocab, device)
         self.device = device
+        if self.draft is None:
+            log.info("speculative decoding: ngram, up to %d draft tokens per step (lookup of %d..%d tokens)",
+                     config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min)
 
     @property
     def counters(self) -> SpecCounters:
