@@ -19,14 +19,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_llamacpp import HERE, TEXT, Server, free_port, random_text, stream_once, words_for  # noqa: E402
+from vs_llamacpp import HERE, TEXT, Server, free_port, random_text, stream_once, stream_timed, words_for  # noqa: E402
 
 ASK = "Repeat the following text exactly, word for word, and nothing else:\n\n"
 
@@ -41,23 +40,7 @@ def passages(count: int, words: int) -> list[str]:
 def stream_chat(client: httpx.Client, model: str, passage: str, max_tokens: int, eos: int) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": ASK + passage}], "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True, "logit_bias": {str(eos): -100}}
-    t0 = time.perf_counter()
-    stamps, finish, text = [], None, []
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line[6:])["choices"][0]
-            piece = choice["delta"].get("content")
-            if piece:
-                stamps.append(time.perf_counter())
-                text.append(piece)
-            finish = choice.get("finish_reason") or finish
-    if finish != "length":
-        raise RuntimeError(f"stopped with {finish!r} before {max_tokens} tokens")
-    return {"ttft_s": stamps[0] - t0, "tpot_s": (stamps[-1] - stamps[0]) / (max_tokens - 1),
-            "chunks": len(stamps), "text": "".join(text)}
+    return stream_timed(client, "/v1/chat/completions", body, max_tokens)
 
 
 def counters(url: str) -> dict[str, float]:

@@ -94,21 +94,28 @@ def stream_once(client: httpx.Client, model: str, prompt: str | list[int], max_t
     """sampling: body fields over greedy (e.g. temperature, seed)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "logit_bias": {str(eos): -100}, **sampling}
+    return stream_timed(client, "/v1/completions", body, max_tokens)
+
+
+def stream_timed(client: httpx.Client, path: str, body: dict, max_tokens: int) -> dict:
+    """Streams one request (completions or chat): TTFT, time per output token, chunks and the text."""
     t0 = time.perf_counter()
-    stamps, finish = [], None
-    with client.stream("POST", "/v1/completions", json=body) as r:
+    stamps, finish, text = [], None, []
+    with client.stream("POST", path, json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choice = json.loads(line[6:])["choices"][0]
-            if choice.get("text"):
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if piece:
                 stamps.append(time.perf_counter())
+                text.append(piece)
             finish = choice.get("finish_reason") or finish
     if finish != "length":
         raise RuntimeError(f"stopped with {finish!r} before {max_tokens} tokens")
     return {"ttft_s": stamps[0] - t0, "tpot_s": (stamps[-1] - stamps[0]) / (max_tokens - 1),
-            "chunks": len(stamps)}
+            "chunks": len(stamps), "text": "".join(text)}
 
 
 def prompt_tokens(client: httpx.Client, model: str, prompt: str) -> int:
