@@ -1,13 +1,19 @@
 """The real default model, SmolLM2-135M-Instruct (Q4_1 GGUF, 30 layers, GQA group 3, head_dim 64), on CPU in
-fp32: config and tokenizer as transformers reads them, greedy tokens equal to transformers' on the same file
-alone, in one batch, with chunked prefill and with prefix-cache hits, and the Triton kernels (interpreted)
-equal to the torch backend."""
+fp32: config and tokenizer as transformers reads them; dequantized at load (--quantization none), greedy tokens
+equal to transformers' on the same file alone, in one batch, with chunked prefill and with prefix-cache hits;
+computed from its blocks (the default), the README's answer and a perplexity within 1% of transformers' (int8
+rounding of some inputs, as llama.cpp rounds them, moves near-tied greedy tokens: tests/test_quantized.py
+checks the kernels against their exact references); and the Triton kernels (interpreted) equal to the torch
+backend."""
 from __future__ import annotations
 
 import logging
+import math
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams, default_model
 from engine.default_model import DEFAULT_MODEL, INSTALL_HINT, resolve
@@ -31,6 +37,13 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 def chat_ids(llm: LLM, question: str) -> list[int]:
     return llm.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                              tokenize=True, return_dict=True)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_float(smollm2_file) -> LLM:
+    """The file dequantized at load into fp32: what transformers computes with."""
+    return LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=SMOLLM2_MAX_MODEL_LEN,
+               max_num_seqs=8, block_size=16, quantization="none")
 
 
 @pytest.fixture(scope="module")
@@ -81,29 +94,51 @@ def test_config_tokenizer_and_eos_as_transformers_reads_them(smollm2, smollm2_fi
     assert smollm2.engine.eos_token_ids == [theirs.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_greedy_alone_equals_transformers(smollm2, prompts, reference):
+def test_greedy_alone_equals_transformers(smollm2_float, prompts, reference):
     for prompt, ref in zip(prompts, reference):
-        [out] = smollm2.generate([prompt], GREEDY)
+        [out] = smollm2_float.generate([prompt], GREEDY)
         assert out.outputs[0].token_ids == ref
-    assert_no_leaks(smollm2)
+    assert_no_leaks(smollm2_float)
 
 
-def test_greedy_in_one_batch_with_prefix_hits_equals_transformers(smollm2, prompts, reference):
+def test_greedy_in_one_batch_with_prefix_hits_equals_transformers(smollm2_float, prompts, reference):
     # The prompts share the chat template's system prompt, and the alone runs left its blocks cached.
-    hits = smollm2.engine.block_manager.prefix_hits
-    outs = smollm2.generate(prompts, GREEDY)
+    llm = smollm2_float
+    hits = llm.engine.block_manager.prefix_hits
+    outs = llm.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
-    assert smollm2.engine.block_manager.prefix_hits > hits and all(o.num_cached_tokens >= 16 for o in outs)
-    assert_no_leaks(smollm2)
+    assert llm.engine.block_manager.prefix_hits > hits and all(o.num_cached_tokens >= 16 for o in outs)
+    assert_no_leaks(llm)
 
 
 def test_chunked_prefill_equals_transformers(smollm2_file, prompts, reference):
     llm = LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=SMOLLM2_MAX_MODEL_LEN,
-              max_num_seqs=8, block_size=16, max_num_batched_tokens=24, enable_prefix_caching=False)
+              max_num_seqs=8, block_size=16, max_num_batched_tokens=24, enable_prefix_caching=False,
+              quantization="none")
     assert min(len(p) for p in prompts) > 24        # every prompt is prefilled in several chunks
     outs = llm.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert_no_leaks(llm)
+
+
+@torch.inference_mode()
+def test_blocks_perplexity_within_one_percent_of_transformers(smollm2, smollm2_file):
+    """The first 240 tokens of benchmarks/data/perplexity.txt (English prose) scored from the blocks, prefilled whole
+    (the int8 tiles where the CPU has them) and in chunks of 7 tokens (the int16 dot products), against
+    transformers on the same file."""
+    from tests.helpers import hf_model
+
+    text = (Path(__file__).parent.parent / "benchmarks" / "data" / "perplexity.txt").read_text()
+    ids = smollm2.tokenizer.encode(text)[:240]
+    logits = hf_model(str(smollm2_file))(torch.tensor([ids])).logits[0, :-1].float()
+    ref = math.exp(-torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).mean().item())
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    chunked = LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=SMOLLM2_MAX_MODEL_LEN,
+                  max_num_batched_tokens=7, enable_prefix_caching=False)
+    for llm in (smollm2, chunked):
+        [out] = llm.generate([ids], params)
+        got = math.exp(-sum(e.logprob for e in out.prompt_logprobs[1:]) / (len(ids) - 1))
+        assert abs(got / ref - 1) <= 0.01, (got, ref)
 
 
 def test_capital_of_france(smollm2):

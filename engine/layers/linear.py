@@ -27,6 +27,9 @@ class LinearBase(nn.Linear):
     qweight: QuantizedWeight | None = None
     # The adapters' slot table (--enable-lora, engine/lora/): their terms are added to this layer's output.
     lora: LoRAProjection | None = None
+    # From blocks, many-row inputs may be rounded to int8 (llama.cpp's rounding: the VNNI tiles' fast path)
+    # instead of int16; the model chooses the projections (engine/models/llama.py).
+    int8_inputs: bool = False
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         if (qweight.out_features, qweight.in_features) != tuple(self.weight.shape):
@@ -38,7 +41,7 @@ class LinearBase(nn.Linear):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.qweight is not None:
-            return self.qweight.linear(x, bias)
+            return self.qweight.linear(x, bias, int8_tiles=self.int8_inputs)
         small = self.small_batch
         if small is not None and small.applies(x, self.weight):
             return small(x, self.weight, bias)
@@ -109,5 +112,8 @@ class ParallelLMHead(ColumnParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # From blocks the logits come out in fp32 (the kernel sums in fp32): none are lost to bf16 rounding.
-        logits = super().forward(x) if self.qweight is None else self.qweight.linear(x, None, torch.float32)
+        if self.qweight is None:
+            logits = super().forward(x)
+        else:
+            logits = self.qweight.linear(x, None, torch.float32)
         return ps.all_gather_last_dim(logits)[..., :self.vocab_size]

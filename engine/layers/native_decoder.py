@@ -12,12 +12,14 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.distributed import parallel_state
-from engine.layers.quantized import QuantizedWeight, kernel_max_rows
+from engine.layers.linear import LinearBase
+from engine.layers.quantized import kernel_max_rows
 
 
-def _projection(q: QuantizedWeight):
+def _projection(lin: LinearBase):
     from kernels.cpu.layer import qlinear
-    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features)
+    q = lin.qweight
+    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features, lin.int8_inputs)
 
 
 class NativeDecoder:
@@ -65,10 +67,10 @@ class NativeDecoder:
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
                 eps=layer.input_layernorm.eps,
-                qkv=_projection(attn.qkv_proj.qweight),
-                o=_projection(attn.o_proj.qweight),
-                gate_up=_projection(mlp.gate_up_proj.qweight),
-                down=_projection(mlp.down_proj.qweight),
+                qkv=_projection(attn.qkv_proj),
+                o=_projection(attn.o_proj),
+                gate_up=_projection(mlp.gate_up_proj),
+                down=_projection(mlp.down_proj),
                 k_cache=pa.k_cache.data_ptr(), v_cache=pa.v_cache.data_ptr(), num_heads=pa.num_heads,
                 num_kv_heads=pa.num_kv_heads, head_dim=pa.head_dim, block_size=pa.k_cache.shape[1], scale=pa.scale))
         self._weights, self._cache_ptr = weights, first.k_cache.data_ptr()

@@ -64,9 +64,11 @@ class QuantizedWeight:
     def format(self) -> str:
         return "+".join(dict.fromkeys(s.qtype for s in self.segments))
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None,
+               int8_tiles: bool = False) -> torch.Tensor:
         """x @ W^T + bias in x's dtype, or in out_dtype (fp32 logits from bf16 activations: rounding logits to
-        bf16 steps of 1/16..1/8 ties near-equal tokens)."""
+        bf16 steps of 1/16..1/8 ties near-equal tokens). int8_tiles: many-row inputs may be rounded to int8
+        per block of 32 (with AVX-512 VNNI; kernels/cpu/quant_tiles.cpp), else every row to int16."""
         out_dtype = out_dtype or x.dtype
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:      # e.g. the LM head of a step whose prefill chunks all end mid-prompt
@@ -78,7 +80,7 @@ class QuantizedWeight:
             col = 0
             for seg in self.segments:
                 n = seg.blocks.shape[0]
-                self.kernel.linear_into(rows, seg.blocks, seg.qtype, out[:, col:col + n])
+                self.kernel.linear_into(rows, seg.blocks, seg.qtype, out[:, col:col + n], int8_tiles)
                 col += n
             if bias is not None:
                 out += bias

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp",
-                                           "layer.cpp"))
-HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h"))
+                                           "quant_tiles.cpp", "layer.cpp"))
+HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h", "quant_tiles.h"))
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).
@@ -95,9 +95,11 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.cpu_rope.restype = i
     lib.cpu_rope.argtypes = [p, p, p, p, i64, i, i, i, i64, i64, i64, p, p, f, i]
     lib.qlinear.restype = i
-    lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i, i]
+    lib.qlinear.argtypes = [p, p, i, i, i, i, i64, p, i64, i, i, i]
     lib.qdequant.restype = i
     lib.qlinear_max_rows.restype = i
     lib.qlinear_max_rows.argtypes = []
+    lib.qlinear_int8_min_rows.restype = i
+    lib.qlinear_int8_min_rows.argtypes = [i]
     lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
     return lib

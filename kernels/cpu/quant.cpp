@@ -23,6 +23,7 @@
 #include "dtypes.h"
 #include "pool.h"
 #include "quant_blocks.h"
+#include "quant_tiles.h"
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -345,7 +346,12 @@ void qgemm(int t, const std::vector<QRow>& qx, const uint8_t* w, int M, int N, i
 #endif
 
 template <typename T, typename O>
-int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo) {
+int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo,
+            bool int8_tiles) {
+  if (int8_tiles && pagedserve::qtile_min_rows(t) > 0 && M >= pagedserve::qtile_min_rows(t)) {
+    pagedserve::qgemm_tiles(t, x, sizeof(T) == 2, w, M, N, K, row_bytes, out, ldo, sizeof(O) == 2);
+    return 0;
+  }
   const DotAnyFn dot = dot_for(t);
   std::vector<QRow> qx(M);
   if (M >= 32) {  // prefill-sized inputs: rows shared out like the products
@@ -434,15 +440,17 @@ int64_t row_bytes_of(int t, int K) { return static_cast<int64_t>(K / block_weigh
 // out[m, n] (row stride ldo) = sum_k x[m, k] * w[n, k], w given as N rows of row_bytes of blocks of type t.
 // x is bf16 when is_bf16, out when out_bf16 (else fp32): bf16 activations may ask for fp32 outputs (logits).
 extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out,
-                       int64_t ldo, int is_bf16, int out_bf16) {
+                       int64_t ldo, int is_bf16, int out_bf16, int int8_tiles) {
   if (!supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint16_t*>(x);
   const auto* xf = static_cast<const float*>(x);
   auto* ob = static_cast<uint16_t*>(out);
   auto* of = static_cast<float*>(out);
-  if (is_bf16) return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo) : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo);
-  return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo) : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo);
+  const bool i8 = int8_tiles != 0;
+  if (is_bf16)
+    return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo, i8);
+  return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo, i8);
 }
 
 // out[r, :] = dequantized weight row rows[r] (rows null: row r), r < n.
@@ -456,6 +464,9 @@ extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* 
     dequant(wb, t, row_bytes, rows, n, K, static_cast<float*>(out));
   return 0;
 }
+
+// The fewest input rows of type t qlinear rounds to int8 (when asked to): 0 = never (no AVX-512 VNNI).
+extern "C" int qlinear_int8_min_rows(int t) { return supported(t, block_weights(t)) ? pagedserve::qtile_min_rows(t) : 0; }
 
 // The most input rows qlinear is meant for: 0 = any (the VNNI tile path computes prefill-sized inputs faster
 // than dequantizing the weight for a float GEMM); else the dot products' crossover with dequantize + GEMM.

@@ -1,5 +1,5 @@
-"""GGUF quantized blocks on CPU through the compiled kernel (quant.cpp): few-row linear layers computed from
-the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
+"""GGUF quantized blocks on CPU through the compiled kernel (quant.cpp, quant_tiles.cpp): linear layers computed
+from the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
 
 Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks (32 weights; 256 for the K-quants), as a
 .gguf file stores them. The reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
@@ -38,16 +38,22 @@ class QuantKernel:
         # prefill-sized inputs from the blocks too; the others hand more than 16 rows to a float GEMM.
         self.max_rows: int | None = lib.qlinear_max_rows() or None
 
-    def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor) -> None:
+    def int8_min_rows(self, qtype: str) -> int | None:
+        """The fewest input rows linear_into rounds to int8 for this format (with int8_tiles); None: never."""
+        return self.lib.qlinear_int8_min_rows(FORMATS[qtype].type_id) or None
+
+    def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor,
+                    int8_tiles: bool = False) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
         [M, N] (fp32/bf16: fp32 keeps the kernel's fp32 sums of bf16 inputs) with any row stride (a column slice
-        of a fused output)."""
+        of a fused output). int8_tiles: many-row inputs may be rounded to int8 per block of 32 (llama.cpp's
+        rounding, the VNNI tiles' fast path); else every row is rounded to int16."""
         M, K = x.shape
         if out.stride(1) != 1 or out.dtype not in DTYPES:
             raise ValueError("out must be fp32 or bf16 with unit column stride")
         status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype].type_id, M, blocks.shape[0], K,
                                   blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16),
-                                  int(out.dtype == torch.bfloat16))
+                                  int(out.dtype == torch.bfloat16), int(int8_tiles))
         if status != 0:
             raise ValueError(f"the quantized linear kernel rejected {qtype} blocks {tuple(blocks.shape)} for "
                              f"{K} input features")
