@@ -24,6 +24,7 @@ namespace {
 constexpr int KC = 16;        // keys per chunk: one AVX-512 register of fp32 scores
 constexpr int MAX_D = 256;    // largest head_dim
 constexpr int MAX_ROWS = 64;  // rows per work item (tile tokens x group)
+constexpr int PF_KEYS = 32;   // keys prefetched ahead of the chunk being computed
 constexpr float NEG = -1e30f; // finite "minus infinity": exp(NEG - max) is 0 without inf arithmetic
 
 using pagedserve::load;
@@ -176,15 +177,26 @@ inline __m512 transpose_sum16(const __m512* v) {
   return _mm512_permutexvar_ps(order, z);
 }
 
-// One row's online-softmax update over a chunk of up to KC keys, all in registers (D a multiple of 16).
-inline void chunk_update16(const float* qr, const float* const* kp, const float* const* vp, int visible, int D,
+// One row's online-softmax update over a chunk of up to KC keys, all in registers (D a multiple of 16). DC is
+// D when it is known at compile time (64, 128: the loops unroll, and the 16 keys' dot products run as
+// independent chains instead of one chain of D/16 dependent FMAs per key), else 0 (D read at run time).
+template <int DC>
+inline void chunk_update16(const float* qr, const float* const* kp, const float* const* vp, int visible, int Dr,
                            float* m, float* l, float* acc) {
+  const int D = DC > 0 ? DC : Dr;
   __m512 dots[KC];
-  for (int t = 0; t < KC; ++t) {
-    __m512 a = _mm512_setzero_ps();
-    if (t < visible)
-      for (int d = 0; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kp[t] + d), a);
-    dots[t] = a;
+  if (visible == KC) {
+    for (int t = 0; t < KC; ++t) dots[t] = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(kp[t]));
+    for (int d = 16; d < D; d += 16)
+      for (int t = 0; t < KC; ++t)
+        dots[t] = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kp[t] + d), dots[t]);
+  } else {
+    for (int t = 0; t < KC; ++t) {
+      __m512 a = _mm512_setzero_ps();
+      if (t < visible)
+        for (int d = 0; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kp[t] + d), a);
+      dots[t] = a;
+    }
   }
   const __mmask16 valid = static_cast<__mmask16>((1u << visible) - 1u);
   const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(NEG), transpose_sum16(dots));
@@ -196,10 +208,20 @@ inline void chunk_update16(const float* qr, const float* const* kp, const float*
   alignas(64) float pv[KC];
   _mm512_store_ps(pv, p);
   const __m512 vcorr = _mm512_set1_ps(corr);
+  // p is 0 past the visible keys: a full chunk's loop over keys unrolls (their V rows are valid pointers
+  // only up to visible)
+  const int keys = visible == KC ? KC : visible;
   for (int d = 0; d < D; d += 16) {
-    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + d), vcorr);
-    for (int t = 0; t < visible; ++t) a = _mm512_fmadd_ps(_mm512_set1_ps(pv[t]), _mm512_loadu_ps(vp[t] + d), a);
-    _mm512_storeu_ps(acc + d, a);
+    __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + d), vcorr), a1 = _mm512_setzero_ps();
+    if (keys == KC) {
+      for (int t = 0; t < KC; t += 2) {
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(pv[t]), _mm512_loadu_ps(vp[t] + d), a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(pv[t + 1]), _mm512_loadu_ps(vp[t + 1] + d), a1);
+      }
+    } else {
+      for (int t = 0; t < keys; ++t) a0 = _mm512_fmadd_ps(_mm512_set1_ps(pv[t]), _mm512_loadu_ps(vp[t] + d), a0);
+    }
+    _mm512_storeu_ps(acc + d, _mm512_add_ps(a0, a1));
   }
 }
 #endif
@@ -236,8 +258,20 @@ void run_item(const Args& a, const Item& it) {
   const float* kp[KC];
   const float* vp[KC];
   int block = 0, in_block = 0;  // key j0 + t's place in the block table, advanced without divisions
+  int pf_block = 0, pf_in_block = 0, pf_key = 0;  // the next key to prefetch
+  const int line = 64 / static_cast<int>(sizeof(T));
   for (int j0 = 0; j0 < n_keys; j0 += KC) {
     const int nk = n_keys - j0 < KC ? n_keys - j0 : KC;
+    // Keys and values PF_KEYS ahead are fetched into L2 while this chunk is computed: one KV head's vectors
+    // lie 1/Hkv of a slot apart, and in a decode batch every sequence's blocks are elsewhere.
+    for (; pf_key < n_keys && pf_key < j0 + nk + PF_KEYS; ++pf_key) {
+      const int64_t o = ((static_cast<int64_t>(bt[pf_block]) * a.block_size + pf_in_block) * Hkv + it.kv_head) * D;
+      for (int e = 0; e < D; e += line) {
+        __builtin_prefetch(kc + o + e, 0, 2);
+        __builtin_prefetch(vc + o + e, 0, 2);
+      }
+      if (++pf_in_block == a.block_size) pf_in_block = 0, ++pf_block;
+    }
     for (int t = 0; t < nk; ++t) {
       const int64_t slot = static_cast<int64_t>(bt[block]) * a.block_size + in_block;
       off[t] = (slot * Hkv + it.kv_head) * D;
@@ -254,7 +288,9 @@ void run_item(const Args& a, const Item& it) {
       if (visible > nk) visible = nk;
 #ifdef __AVX512F__
       if (D % 16 == 0) {
-        chunk_update16(qs[r], kp, vp, visible, D, &m[r], &l[r], acc[r]);
+        if (D == 64) chunk_update16<64>(qs[r], kp, vp, visible, D, &m[r], &l[r], acc[r]);
+        else if (D == 128) chunk_update16<128>(qs[r], kp, vp, visible, D, &m[r], &l[r], acc[r]);
+        else chunk_update16<0>(qs[r], kp, vp, visible, D, &m[r], &l[r], acc[r]);
         continue;
       }
 #endif
