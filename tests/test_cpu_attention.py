@@ -90,16 +90,30 @@ def test_auto_dtype_per_cpu_kind(vendor, flags, expected):
     assert dtype == expected and why
 
 
+@pytest.mark.parametrize("vendor,flags,expected", [
+    ("AuthenticAMD", "avx512f avx512_bf16 avx512_vnni", "bfloat16"),
+    ("GenuineIntel", "avx512f avx512_bf16 avx512_vnni", "bfloat16"),
+    ("GenuineIntel", "avx512f avx512_vnni", "float32"),
+    ("AuthenticAMD", "avx2 fma", "float32"),
+])
+def test_auto_dtype_of_quantized_blocks_per_cpu_kind(vendor, flags, expected):
+    from engine.cpu_dtype import CpuKind, auto_blocks_dtype
+
+    dtype, why = auto_blocks_dtype(CpuKind(vendor, frozenset(flags.split())))
+    assert dtype == expected and why
+
+
 def test_auto_dtype_and_backend_on_cpu():
     from engine.config import EngineConfig
-    from engine.cpu_dtype import auto_dtype, this_cpu
+    from engine.cpu_dtype import auto_blocks_dtype, auto_dtype, this_cpu
 
     cfg = EngineConfig(model="tiny-random", device="cpu").resolved()
     assert (cfg.dtype, cfg.attention_backend) == (auto_dtype(this_cpu())[0], "cpu")
     assert EngineConfig(device="cpu", dtype="float32").resolved().dtype == "float32"
-    # quantized blocks keep fp32 activations on every CPU: a .gguf file, or a checkpoint quantized at load
-    assert EngineConfig(model="/m/x.gguf", device="cpu").resolved().dtype == "float32"
-    assert EngineConfig(model="tiny-random", device="cpu", quantization="q8_0").resolved().dtype == "float32"
+    # quantized blocks: a .gguf file, or a checkpoint quantized at load
+    blocks = auto_blocks_dtype(this_cpu())[0]
+    assert EngineConfig(model="/m/x.gguf", device="cpu").resolved().dtype == blocks
+    assert EngineConfig(model="tiny-random", device="cpu", quantization="q8_0").resolved().dtype == blocks
 
 
 def test_loading_the_kernel_keeps_denormals() -> None:
