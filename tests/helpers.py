@@ -75,3 +75,15 @@ def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[i
     g = torch.Generator().manual_seed(seed)
     # skip the special tokens (ids 0..2) so no prompt contains an eos
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+
+def int16_inputs_only(llm) -> None:
+    """Rounds every input of a model computed from blocks to int16 (with AVX-512 VNNI gate/up's are int8 by
+    default: llama.cpp's rounding, engine/models/llama.py), so that it scores as the dequantized weights do to
+    1e-3 and a wrong block layout cannot hide in int8 noise; tests/test_quantized.py checks the int8 path's
+    products against their exact reference."""
+    for layer in llm.engine.model.layers:
+        layer.mlp.gate_up_proj.int8_inputs = False
+    if llm.engine.model.native is not None:
+        llm.engine.model.native._weights = None     # rebuilt with the change at the next step

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, LoRARequest, SamplingParams
-from tests.helpers import make_checkpoint, random_prompts
+from tests.helpers import int16_inputs_only, make_checkpoint, random_prompts
 from tests.lora_adapters import make_adapter, peft_greedy
 
 pytest.importorskip("peft", reason="peft is a test dependency: pip install -e '.[test]'")
@@ -131,13 +131,15 @@ def test_more_adapters_than_slots_wait_and_finish(models):
 
 def test_smollm2_adapters_match_peft(smollm2_file, tmp_path):
     """The real default model (its Q4_1 blocks computed as they are) with two adapters and the base in one
-    batch: each request's tokens equal transformers + peft on the same file."""
+    batch, every input rounded to int16 (tests.helpers.int16_inputs_only): each request's tokens equal
+    transformers + peft on the same file."""
     adapters = {"all": make_adapter(smollm2_file, tmp_path / "all", ALL, rank=16, alpha=32, seed=21),
                 "qv": make_adapter(smollm2_file, tmp_path / "qv", ["q_proj", "v_proj"], rank=8, alpha=16, seed=22)}
     prompts = random_prompts(49152, [12, 30, 21], seed=23)
     loras = [LoRARequest("all", 1, str(adapters["all"])), LoRARequest("qv", 2, str(adapters["qv"])), None]
     llm = LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=128, enable_lora=True,
               max_loras=2, max_lora_rank=16)
+    int16_inputs_only(llm)
     outs = llm.generate(prompts, greedy(), lora_request=loras)
     for prompt, request, out in zip(prompts, loras, outs):
         adapter = None if request is None else adapters[request.lora_name]

@@ -2,8 +2,8 @@
 dequantized reference per format, on quantized and random blocks and odd shapes; the loader keeping them.
 
 Tolerances: dequantization is exact (the same float ops as the reference); the kernel's linear rounds each
-32-value block of the input to int16 (scale max|x| / 32767), or, for many rows on CPUs with AVX-512 VNNI, to
-int8 (max|x| / 127, llama.cpp's rounding), so it equals the product of the dequantized weight with that rounded
+32-value block of the input to int16 (scale max|x| / 32767), or where asked on CPUs with AVX-512 VNNI to int8
+(max|x| / 127, llama.cpp's rounding), so it equals the product of the dequantized weight with that rounded
 input to float32 summation error (1e-5 of the largest output), and the float product within 2e-4 (int16: the
 rounding is at most 1/65534 of each block's max|x|) or 1e-2 (int8: 1/254) of the largest output.
 """
@@ -20,6 +20,7 @@ from engine.layers import quantized
 from engine.layers.quantized import QuantizedWeight, QuantSegment, dequantize_reference, weight_nbytes
 from kernels.cpu.quant import FORMATS, load_quant_kernel
 from tests.gguf_files import random_blocks
+from tests.helpers import int16_inputs_only
 
 pytestmark = pytest.mark.skipif(load_quant_kernel() is None, reason="no C++ compiler: the CPU kernels cannot be built")
 Q = gguf.GGMLQuantizationType
@@ -77,26 +78,44 @@ def test_linear_equals_the_dequantized_reference(qtype, kind, rows, cols, m):
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     out = torch.full((m, rows), float("nan"))
     kernel = load_quant_kernel()
-    kernel.linear_into(x, blocks, qtype, out, int8_tiles=True)
+    kernel.linear_into(x, blocks, qtype, out, int8_inputs=True)
     scale = (x @ w.T).abs().max()
-    int8 = m >= (kernel.int8_min_rows(qtype) or m + 1)
+    int8 = kernel.has_int8
     exact = (block_rounded(x, 127 if int8 else 32767).double() @ w.double().T).float()
     assert (out - exact).abs().max() <= 1e-5 * scale
     assert (out - x @ w.T).abs().max() <= (1e-2 if int8 else 2e-4) * scale
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-@pytest.mark.parametrize("m", [8, 16, 40])
-def test_int16_inputs_when_int8_tiles_are_not_allowed(qtype, m):
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 40])
+def test_int16_inputs_when_int8_is_not_asked_for(qtype, m):
     """The LM head's path: every row rounded to int16, whatever the row count (int16 tiles or dot products)."""
     cols = 4 * FORMATS[qtype].block_weights
     blocks = blocks_of("random", qtype, 37, cols // (FORMATS[qtype].block_weights // 32), seed=m)
     w = dequantize_reference(blocks, qtype, cols)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     out = torch.empty(m, 37)
-    load_quant_kernel().linear_into(x, blocks, qtype, out, int8_tiles=False)
+    load_quant_kernel().linear_into(x, blocks, qtype, out, int8_inputs=False)
     exact = (int16_rounded(x).double() @ w.double().T).float()
     assert (out - exact).abs().max() <= 1e-5 * (x @ w.T).abs().max()
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it(qtype, int8, dtype):
+    """Bit for bit, whichever path the row count picks (dot products, tiles): a prompt prefilled whole and one
+    continued from a cached prefix, or a request alone and in a batch, get the same numbers."""
+    cols = 3 * FORMATS[qtype].block_weights
+    blocks = blocks_of("random", qtype, 40, cols // (FORMATS[qtype].block_weights // 32), seed=5)
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(6)).to(dtype)
+    kernel = load_quant_kernel()
+    whole = torch.empty(40, 40, dtype=dtype)
+    kernel.linear_into(x, blocks, qtype, whole, int8_inputs=int8)
+    for m0, m1 in [(0, 1), (3, 6), (10, 22), (7, 40)]:
+        part = torch.empty(m1 - m0, 40, dtype=dtype)
+        kernel.linear_into(x[m0:m1], blocks, qtype, part, int8_inputs=int8)
+        assert torch.equal(part, whole[m0:m1]), (m0, m1)
 
 
 def test_linear_in_bf16_and_into_a_column_slice():
@@ -200,9 +219,9 @@ def test_default_model_answers_the_readme_question(smollm2_gguf, smollm2_file, d
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_model_from_blocks_scores_as_the_dequantized_model(tmp_path, qtype):
     """A whole model computed from its blocks (decode rows and prefill rows) against the same file dequantized
-    at load: the log-probabilities agree to 1e-3 of their range with int16 rounding of the inputs, 2e-2 where
-    the prompt's gate/up and o_proj inputs are rounded to int8 (AVX-512 VNNI), through a random model whose
-    log-probabilities reach -100: a wrong block layout is off by tens."""
+    at load, every input rounded to int16 (tests.helpers.int16_inputs_only): the log-probabilities agree to 1e-3
+    of their range, through a random model whose log-probabilities reach -100 (a wrong block layout is off by
+    tens)."""
     from engine.tiny_model import build_checkpoint
     from tests.gguf_files import K_QUANTS, write_gguf
 
@@ -215,6 +234,7 @@ def test_model_from_blocks_scores_as_the_dequantized_model(tmp_path, qtype):
     for mode in ("gguf", "none"):
         llm = LLM(model=str(path), device="cpu", dtype="float32", max_model_len=128, quantization=mode)
         if mode == "gguf":
+            int16_inputs_only(llm)
             model = llm.engine.model
             assert {m.qweight.format for m in model.modules() if getattr(m, "qweight", None) is not None} == {qtype}
         out = llm.generate([prompt], params)[0]
@@ -222,5 +242,4 @@ def test_model_from_blocks_scores_as_the_dequantized_model(tmp_path, qtype):
         del llm
     got, ref = torch.tensor(scored["gguf"]), torch.tensor(scored["none"])
     assert ref.std() > 0.05      # the model's distribution is not flat: a wrong layout would show
-    tolerance = 2e-2 if load_quant_kernel().int8_min_rows(qtype) else 1e-3
-    assert (got - ref).abs().max() <= tolerance * ref.abs().max()
+    assert (got - ref).abs().max() <= 1e-3 * ref.abs().max()

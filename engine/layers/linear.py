@@ -27,8 +27,8 @@ class LinearBase(nn.Linear):
     qweight: QuantizedWeight | None = None
     # The adapters' slot table (--enable-lora, engine/lora/): their terms are added to this layer's output.
     lora: LoRAProjection | None = None
-    # From blocks, many-row inputs may be rounded to int8 (llama.cpp's rounding: the VNNI tiles' fast path)
-    # instead of int16; the model chooses the projections (engine/models/llama.py).
+    # From blocks, inputs may be rounded to int8 (llama.cpp's rounding: VNNI's fast path) instead of int16; the
+    # model chooses the projections (engine/models/llama.py).
     int8_inputs: bool = False
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
@@ -41,7 +41,7 @@ class LinearBase(nn.Linear):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.qweight is not None:
-            return self.qweight.linear(x, bias, int8_tiles=self.int8_inputs)
+            return self.qweight.linear(x, bias, int8_inputs=self.int8_inputs)
         small = self.small_batch
         if small is not None and small.applies(x, self.weight):
             return small(x, self.weight, bias)

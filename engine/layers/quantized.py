@@ -3,8 +3,9 @@ tied LM head computed from the blocks.
 
 A QuantizedWeight is a [N, K] weight as row segments of blocks (a fused q/k/v or gate/up weight has one
 segment per checkpoint tensor, each in its own format). Few-row products (decode) go to the compiled kernel,
-which dots the blocks with input rows rounded to int16 per block of 32 (with AVX-512 VNNI also prefill-sized
-inputs, by tiles); more rows elsewhere dequantize the weight into the activations' dtype for torch's GEMM.
+which dots the blocks with input rows rounded to int16 per block of 32; with AVX-512 VNNI also prefill-sized
+inputs, by tiles, and inputs are rounded to int8 where the layer allows it (LinearBase.int8_inputs); more
+rows elsewhere dequantize the weight into the activations' dtype for torch's GEMM.
 Without the compiled kernels (no C++ compiler) the `gguf` package's dequantizer does the same: it is also the
 tests' reference.
 """
@@ -65,10 +66,10 @@ class QuantizedWeight:
         return "+".join(dict.fromkeys(s.qtype for s in self.segments))
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None,
-               int8_tiles: bool = False) -> torch.Tensor:
+               int8_inputs: bool = False) -> torch.Tensor:
         """x @ W^T + bias in x's dtype, or in out_dtype (fp32 logits from bf16 activations: rounding logits to
-        bf16 steps of 1/16..1/8 ties near-equal tokens). int8_tiles: many-row inputs may be rounded to int8
-        per block of 32 (with AVX-512 VNNI; kernels/cpu/quant_tiles.cpp), else every row to int16."""
+        bf16 steps of 1/16..1/8 ties near-equal tokens). int8_inputs: inputs rounded to int8 per block of 32
+        (with AVX-512 VNNI; kernels/cpu/quant_tiles.cpp), else to int16."""
         out_dtype = out_dtype or x.dtype
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:      # e.g. the LM head of a step whose prefill chunks all end mid-prompt
@@ -80,7 +81,7 @@ class QuantizedWeight:
             col = 0
             for seg in self.segments:
                 n = seg.blocks.shape[0]
-                self.kernel.linear_into(rows, seg.blocks, seg.qtype, out[:, col:col + n], int8_tiles)
+                self.kernel.linear_into(rows, seg.blocks, seg.qtype, out[:, col:col + n], int8_inputs)
                 col += n
             if bias is not None:
                 out += bias

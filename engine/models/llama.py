@@ -38,7 +38,6 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=False)
-        self.o_proj.int8_inputs = True  # see MLP: q/k/v keep int16 inputs
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary: RotaryEmbedding | None = None  # shared, set by the model
@@ -74,11 +73,12 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        # From GGUF blocks, gate/up and o_proj round many-row inputs to int8 (llama.cpp's rounding, 1.5-1.8x
-        # faster tiles); down_proj (the SwiGLU product, whose outliers int8 blocks of 32 round coarsely), q/k/v
-        # and the LM head keep int16. With int8 on down_proj or on q/k/v SmolLM2's README answer became
-        # "L'Étoile, ..." (as llama.cpp's on the same file); with gate/up and o_proj it is still "Paris"
-        # (docs/benchmarks.md).
+        # From GGUF blocks on CPUs with AVX-512 VNNI, gate/up's inputs are rounded to int8 (llama.cpp's
+        # rounding; 1.5-1.8x faster tiles than int16, half the layer's multiply-adds); q/k/v, o_proj, down_proj
+        # and the LM head keep int16. SmolLM2's README answer starts with a near tie ("The" 0.081 ahead of "L"
+        # in fp32 with int16 everywhere); int8 also on o_proj left 0.009 the other way, on down_proj or q/k/v it
+        # flipped too (llama.cpp, int8 everywhere, answers "L'Étoile"); with gate/up only, 0.020 in fp32 and
+        # 0.106 in bf16 (docs/benchmarks.md).
         self.gate_up_proj.int8_inputs = True
         self.act = SiluAndMul()
 

@@ -99,7 +99,7 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.qdequant.restype = i
     lib.qlinear_max_rows.restype = i
     lib.qlinear_max_rows.argtypes = []
-    lib.qlinear_int8_min_rows.restype = i
-    lib.qlinear_int8_min_rows.argtypes = [i]
+    lib.qlinear_has_int8.restype = i
+    lib.qlinear_has_int8.argtypes = []
     lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
     return lib

@@ -10,7 +10,7 @@
 
 extern "C" {
 int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out, int64_t ldo,
-            int is_bf16, int out_bf16, int int8_tiles);
+            int is_bf16, int out_bf16, int int8_inputs);
 int cpu_rms_norm(const void* x, const void* residual, const void* weight, void* out, void* res_out, int64_t rows,
                  int hidden, int64_t x_stride, float eps, int is_bf16);
 int cpu_rope(void* q, void* k, const int32_t* positions, const float* cos_sin, int64_t tokens, int num_q_heads,
@@ -36,7 +36,7 @@ struct QLinear {
   int rows[MAX_SEGMENTS];
   int64_t row_bytes[MAX_SEGMENTS];
   int in_features, out_features;
-  int int8_tiles;  // many-row inputs rounded to int8 (quant_tiles.cpp), else int16
+  int int8_inputs;  // many-row inputs rounded to int8 (quant_tiles.cpp), else int16
 };
 
 }  // namespace
@@ -77,7 +77,7 @@ int linear(const QLinear& l, const void* x, int64_t M, void* out, int64_t ldo, i
   auto* o = static_cast<char*>(out);
   for (int s = 0; s < l.num_segments; ++s) {
     if (qlinear(x, l.blocks[s], l.qtype[s], static_cast<int>(M), l.rows[s], l.in_features, l.row_bytes[s], o, ldo,
-                is_bf16, is_bf16, l.int8_tiles) != 0)
+                is_bf16, is_bf16, l.int8_inputs) != 0)
       return 1;
     o += static_cast<int64_t>(l.rows[s]) * elem;
   }

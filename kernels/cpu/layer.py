@@ -20,7 +20,7 @@ _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 class QLinear(ctypes.Structure):
     _fields_ = [("num_segments", _i), ("blocks", _p * MAX_SEGMENTS), ("qtype", _i * MAX_SEGMENTS),
                 ("rows", _i * MAX_SEGMENTS), ("row_bytes", _i64 * MAX_SEGMENTS), ("in_features", _i),
-                ("out_features", _i), ("int8_tiles", _i)]
+                ("out_features", _i), ("int8_inputs", _i)]
 
 
 class LayerWeights(ctypes.Structure):
@@ -36,13 +36,13 @@ class StepInputs(ctypes.Structure):
                 ("cu_seqlens_q", _p), ("num_seqs", _i), ("is_bf16", _i)]
 
 
-def qlinear(segments: list[tuple[str, torch.Tensor]], in_features: int, int8_tiles: bool) -> QLinear:
-    """segments: (ggml type name, uint8 blocks [rows, row_bytes]) in row order; int8_tiles as in
+def qlinear(segments: list[tuple[str, torch.Tensor]], in_features: int, int8_inputs: bool) -> QLinear:
+    """segments: (ggml type name, uint8 blocks [rows, row_bytes]) in row order; int8_inputs as in
     QuantKernel.linear_into."""
     if len(segments) > MAX_SEGMENTS:
         raise ValueError(f"a projection of {len(segments)} block segments (at most {MAX_SEGMENTS})")
     q = QLinear(num_segments=len(segments), in_features=in_features,
-                out_features=sum(blocks.shape[0] for _, blocks in segments), int8_tiles=int(int8_tiles))
+                out_features=sum(blocks.shape[0] for _, blocks in segments), int8_inputs=int(int8_inputs))
     for i, (qtype, blocks) in enumerate(segments):
         q.blocks[i], q.qtype[i] = blocks.data_ptr(), FORMATS[qtype].type_id
         q.rows[i], q.row_bytes[i] = blocks.shape[0], blocks.stride(0)

@@ -7,13 +7,14 @@
 // activations: with int8 the rounding of the hidden state in SmolLM2's LM head alone moved a logit by ~0.1
 // and flipped the README's greedy answer; int16 is ~256x closer to the float product for about one more
 // instruction per 16 weights. The weights are read once, in their 4.5-8.5 bits: that read is what a
-// one-stream decode step waits on. Larger inputs (prefill, decode batches): with AVX-512 VNNI, tiles of 16
-// weight rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (below,
-// qgemm_tiles; the same int16 inputs); elsewhere the caller dequantizes the weight rows (qdequant) for a
-// float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4 core (512-bit
-// operations in two halves), and int8 inputs with dpbusd, though 1.2-1.7x faster, changed SmolLM2's greedy
-// tokens (docs/benchmarks.md). Built by kernels/cpu/build.py with -march=native, so each path is compiled
-// exactly where the CPU has it; elsewhere a scalar loop does the same arithmetic.
+// one-stream decode step waits on. Larger inputs (prefill, decode batches) with AVX-512 VNNI: where the caller
+// allows int8 inputs (then at any row count: quant_tiles.cpp, vpdpbusd); else tiles of 16 weight
+// rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (qgemm_tiles
+// below; the same int16 inputs as the dot products). Without VNNI the caller dequantizes the weight rows
+// (qdequant) for a float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4
+// core (512-bit operations in two halves) (docs/benchmarks.md). Built by kernels/cpu/build.py with
+// -march=native, so each path is compiled exactly where the CPU has it; elsewhere a scalar loop does the same
+// arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -84,26 +85,18 @@ void quantize_row(const T* x, int K, QRow& r) {
 }
 
 #if defined(__AVX2__)
-inline float hsum(__m256 acc) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // One weight row dotted with R quantized input rows: each block is decoded once for all R rows (the decode
 // costs about as much as the integer products of one row). The products of 32 weights with the int16 inputs
-// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once. The format is a template
-// argument so that the block decode inlines into the loop without branches.
+// are exact in int32 (|q| <= 127, |qx| <= 32767); each chunk's sum is scaled once, as the tiles scale it
+// (scale_chunk). The format is a template argument so that the block decode inlines into the loop without
+// branches.
 template <int T, int R>
 void dot_rows(const uint8_t* w, const QRow* x, int K, float* out) {
   constexpr int bb = block_bytes(T), per_block = block_weights(T) / QK;
-  __m256 acc[R];
-  float offset[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    offset[r] = 0.0f;
-  }
+  constexpr bool has_offset = T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K;
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   Chunk chunks[per_block];
   for (int blk = 0, b = 0; blk < K / block_weights(T); ++blk, w += bb) {
     decode_block(T, w, chunks);
@@ -115,18 +108,15 @@ void dot_rows(const uint8_t* w, const QRow* x, int K, float* out) {
         const int16_t* qx = x[r].q.data() + 32 * b;
         const __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
         const __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 16)));
-        const float xs = x[r].scale[b];
-        if constexpr (T != Q6_K) {  // one scale per 32 weights
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_set1_ps(c.d0 * xs), acc[r]);
-        } else {
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(c.d0 * xs), acc[r]);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(c.d1 * xs), acc[r]);
-        }
-        if constexpr (T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K) offset[r] += c.m * x[r].sum[b];
+        // lanes 0..3: weights 0..15, lanes 4..7: 16..31
+        const __m256i halves = _mm256_hadd_epi32(p0, p1);
+        int32_t lo, hi;
+        hsum_halves(_mm256_permute4x64_epi64(halves, 0xD8), &lo, &hi);
+        acc[r] = scale_chunk<T == Q6_K, has_offset>(acc[r], lo, hi, c.d0, c.d1, c.m, x[r].scale[b], x[r].sum[b]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offset[r];
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 #else
 float dot_row(int t, const uint8_t* w, const QRow& x, int nb) {
@@ -347,9 +337,9 @@ void qgemm(int t, const std::vector<QRow>& qx, const uint8_t* w, int M, int N, i
 
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo,
-            bool int8_tiles) {
-  if (int8_tiles && pagedserve::qtile_min_rows(t) > 0 && M >= pagedserve::qtile_min_rows(t)) {
-    pagedserve::qgemm_tiles(t, x, sizeof(T) == 2, w, M, N, K, row_bytes, out, ldo, sizeof(O) == 2);
+            bool int8_inputs) {
+  if (int8_inputs && pagedserve::qlinear_int8_built()) {
+    pagedserve::qlinear_int8(t, x, sizeof(T) == 2, w, M, N, K, row_bytes, out, ldo, sizeof(O) == 2);
     return 0;
   }
   const DotAnyFn dot = dot_for(t);
@@ -440,14 +430,14 @@ int64_t row_bytes_of(int t, int K) { return static_cast<int64_t>(K / block_weigh
 // out[m, n] (row stride ldo) = sum_k x[m, k] * w[n, k], w given as N rows of row_bytes of blocks of type t.
 // x is bf16 when is_bf16, out when out_bf16 (else fp32): bf16 activations may ask for fp32 outputs (logits).
 extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out,
-                       int64_t ldo, int is_bf16, int out_bf16, int int8_tiles) {
+                       int64_t ldo, int is_bf16, int out_bf16, int int8_inputs) {
   if (!supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint16_t*>(x);
   const auto* xf = static_cast<const float*>(x);
   auto* ob = static_cast<uint16_t*>(out);
   auto* of = static_cast<float*>(out);
-  const bool i8 = int8_tiles != 0;
+  const bool i8 = int8_inputs != 0;
   if (is_bf16)
     return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo, i8);
   return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo, i8);
@@ -465,8 +455,8 @@ extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* 
   return 0;
 }
 
-// The fewest input rows of type t qlinear rounds to int8 (when asked to): 0 = never (no AVX-512 VNNI).
-extern "C" int qlinear_int8_min_rows(int t) { return supported(t, block_weights(t)) ? pagedserve::qtile_min_rows(t) : 0; }
+// Whether qlinear rounds inputs to int8 when asked to (int8_inputs): with AVX-512 VNNI only.
+extern "C" int qlinear_has_int8() { return pagedserve::qlinear_int8_built() ? 1 : 0; }
 
 // The most input rows qlinear is meant for: 0 = any (the VNNI tile path computes prefill-sized inputs faster
 // than dequantizing the weight for a float GEMM); else the dot products' crossover with dequantize + GEMM.

@@ -37,23 +37,22 @@ class QuantKernel:
         # The most input rows linear_into is meant for (None: any): the build with AVX-512 VNNI computes
         # prefill-sized inputs from the blocks too; the others hand more than 16 rows to a float GEMM.
         self.max_rows: int | None = lib.qlinear_max_rows() or None
+        # Whether linear_into rounds inputs to int8 when asked (int8_inputs): builds with AVX-512 VNNI.
+        self.has_int8: bool = bool(lib.qlinear_has_int8())
 
-    def int8_min_rows(self, qtype: str) -> int | None:
-        """The fewest input rows linear_into rounds to int8 for this format (with int8_tiles); None: never."""
-        return self.lib.qlinear_int8_min_rows(FORMATS[qtype].type_id) or None
 
     def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor,
-                    int8_tiles: bool = False) -> None:
+                    int8_inputs: bool = False) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
         [M, N] (fp32/bf16: fp32 keeps the kernel's fp32 sums of bf16 inputs) with any row stride (a column slice
-        of a fused output). int8_tiles: many-row inputs may be rounded to int8 per block of 32 (llama.cpp's
-        rounding, the VNNI tiles' fast path); else every row is rounded to int16."""
+        of a fused output). int8_inputs: the inputs are rounded to int8 per block of 32 (llama.cpp's rounding,
+        VNNI vpdpbusd) where has_int8, else to int16."""
         M, K = x.shape
         if out.stride(1) != 1 or out.dtype not in DTYPES:
             raise ValueError("out must be fp32 or bf16 with unit column stride")
         status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype].type_id, M, blocks.shape[0], K,
                                   blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16),
-                                  int(out.dtype == torch.bfloat16), int(int8_tiles))
+                                  int(out.dtype == torch.bfloat16), int(int8_inputs))
         if status != 0:
             raise ValueError(f"the quantized linear kernel rejected {qtype} blocks {tuple(blocks.shape)} for "
                              f"{K} input features")

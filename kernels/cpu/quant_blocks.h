@@ -15,6 +15,7 @@
 // 2 bits of weights l, l + 32, l + 64, l + 96.
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #if defined(__AVX2__) || defined(__F16C__)
@@ -175,6 +176,30 @@ inline __m256i high_bits(const uint8_t* p) {
 inline __m256i bit_as_16(__m256i v, int j) {
   const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// The sums of lanes 0..3 and 4..7 of v (the products with weights 0..15 and 16..31 of a chunk).
+inline void hsum_halves(__m256i v, int32_t* lo, int32_t* hi) {
+  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
+  const __m128i pairs = _mm_hadd_epi32(a, b);     // a0+a1, a2+a3, b0+b1, b2+b3
+  const __m128i quads = _mm_hadd_epi32(pairs, pairs);
+  *lo = _mm_cvtsi128_si32(quads);
+  *hi = _mm_extract_epi32(quads, 1);
+}
+
+// A chunk's exact integer product with one input row, scaled into a row's running sum as the tiles of
+// quant.cpp and quant_tiles.cpp scale it into each output (the same float operations in the same order), so
+// an output does not depend on how many rows share its step: acc + (lo * d0 [+ hi * d1]) * xs, then + m * xsum.
+template <bool split, bool has_offset>
+inline float scale_chunk(float acc, int32_t lo, int32_t hi, float d0, float d1, float m, float xs, float xsum) {
+  if constexpr (split) {
+    acc = std::fma(static_cast<float>(lo) * d0, xs, acc);
+    acc = std::fma(static_cast<float>(hi) * d1, xs, acc);
+  } else {
+    acc = std::fma(static_cast<float>(lo + hi) * d0, xs, acc);
+  }
+  if constexpr (has_offset) acc = std::fma(m, xsum, acc);
+  return acc;
 }
 
 // The block's 32 integer weights (offset removed) as bytes, with its scale d and offset m.

@@ -1,5 +1,6 @@
-// Linear layers of many input rows (prefill, decode batches) from GGUF blocks with AVX-512 VNNI: int8 inputs,
-// int8 weights, vpdpbusd (64 multiply-adds per instruction, twice the int16 dpwssd and bf16 dpbf16ps rates).
+// Linear layers from GGUF blocks with int8 inputs (AVX-512 VNNI): int8 weights, vpdpbusd (64 multiply-adds per
+// 512-bit instruction, twice the int16 dpwssd and bf16 dpbf16ps rates). Many rows (prefill, decode batches) by
+// tiles; a few rows by dot products.
 //
 // Inputs are quantized as llama.cpp quantizes them: per block of 32, scale = max|x| / 127, round to nearest.
 // They are stored biased (q + 128, unsigned: vpdpbusd multiplies unsigned by signed bytes), and each weight
@@ -8,7 +9,9 @@
 // rows (one 512-bit vector holds weights k..k+3 of every row: what one vpdpbusd multiplies with an input row's
 // quad k..k+3 broadcast). The tile (K/4 vectors, the chunks' scales, offsets and weight sums as vectors over its
 // 16 rows) stays in L1/L2 and serves every input row: per 32 weights x 16 outputs a row costs 8 vpdpbusd and
-// one float scale. Decode steps of a few rows keep quant.cpp's int16 dot products, whose rounding is finer.
+// one float scale. Fewer rows (decode) take dot products with the same int8 inputs (one 256-bit vpdpbusd per
+// 32 weights and row), so a row's rounding does not depend on how many rows share its step (a prompt prefilled
+// whole and one continued from a cached prefix agree).
 #include "quant_tiles.h"
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
@@ -206,17 +209,71 @@ void qgemm(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, 
   });
 }
 
+// One weight row dotted with R input rows (from m0): each block is decoded once for all R rows; per 32 weights
+// a row costs one vpdpbusd (lanes 0..3: weights 0..15, lanes 4..7: 16..31, as Q6_K's two scales split them),
+// and each chunk's exact sum is scaled as the tiles scale it (scale_chunk).
+template <int T, int R>
+void dot_rows(const uint8_t* w, const Inputs& in, int m0, float* out) {
+  constexpr int bb = block_bytes(T), per_block = block_weights(T) / QK;
+  constexpr bool has_offset = T == Q4_1 || T == Q5_1 || T == Q4_K || T == Q5_K;
+  const int nchunks = in.K / QK;
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  Chunk chunks[per_block];
+  for (int blk = 0, c = 0; blk < in.K / block_weights(T); ++blk, w += bb) {
+    decode_block(T, w, chunks);
+    for (int j = 0; j < per_block; ++j, ++c) {
+      const Chunk& ch = chunks[j];
+      const __m256i bias = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), ch.q), 7);
+      for (int r = 0; r < R; ++r) {
+        const size_t at = static_cast<size_t>(m0 + r) * nchunks + c;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.row(m0 + r) + QK * c));
+        int32_t lo, hi;
+        hsum_halves(_mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xq, ch.q), bias), &lo, &hi);
+        acc[r] = scale_chunk<T == Q6_K, has_offset>(acc[r], lo, hi, ch.d0, ch.d1, ch.m, in.scale[at], in.sum[at]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+constexpr int DOT_ROWS = 4;  // input rows per weight-row decode
+
+template <int T, typename O>
+void qdots(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
+  using Fn = void (*)(const uint8_t*, const Inputs&, int, float*);
+  static constexpr Fn fns[DOT_ROWS] = {dot_rows<T, 1>, dot_rows<T, 2>, dot_rows<T, 3>, dot_rows<T, 4>};
+  pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
+    const int n0 = static_cast<int>(i) * TILE_N, n1 = std::min(N, n0 + TILE_N);
+    float res[DOT_ROWS];
+    for (int m0 = 0; m0 < M; m0 += DOT_ROWS) {  // input rows outermost: they and these weight rows stay in L1
+      const int R = std::min(DOT_ROWS, M - m0);
+      for (int n = n0; n < n1; ++n) {
+        fns[R - 1](w + n * row_bytes, in, m0, res);
+        for (int r = 0; r < R; ++r) pagedserve::store(out + static_cast<int64_t>(m0 + r) * ldo + n, res[r]);
+      }
+    }
+  });
+}
+
+template <int T, typename O>
+void qlinear8(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
+  // Fewer rows than this: the dot products win (the tile's unpacking is paid once per call, whatever M is).
+  if (M < (T == Q8_0 ? 16 : 8)) qdots<T>(in, w, M, N, row_bytes, out, ldo);
+  else qgemm<T>(in, w, M, N, row_bytes, out, ldo);
+}
+
 template <typename O>
-void qgemm_any(int t, const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
+void qlinear8_any(int t, const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
   switch (t) {
-    case Q4_0: return qgemm<Q4_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q4_1: return qgemm<Q4_1>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_0: return qgemm<Q5_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_1: return qgemm<Q5_1>(in, w, M, N, row_bytes, out, ldo);
-    case Q8_0: return qgemm<Q8_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q4_K: return qgemm<Q4_K>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_K: return qgemm<Q5_K>(in, w, M, N, row_bytes, out, ldo);
-    default: return qgemm<Q6_K>(in, w, M, N, row_bytes, out, ldo);
+    case Q4_0: return qlinear8<Q4_0>(in, w, M, N, row_bytes, out, ldo);
+    case Q4_1: return qlinear8<Q4_1>(in, w, M, N, row_bytes, out, ldo);
+    case Q5_0: return qlinear8<Q5_0>(in, w, M, N, row_bytes, out, ldo);
+    case Q5_1: return qlinear8<Q5_1>(in, w, M, N, row_bytes, out, ldo);
+    case Q8_0: return qlinear8<Q8_0>(in, w, M, N, row_bytes, out, ldo);
+    case Q4_K: return qlinear8<Q4_K>(in, w, M, N, row_bytes, out, ldo);
+    case Q5_K: return qlinear8<Q5_K>(in, w, M, N, row_bytes, out, ldo);
+    default: return qlinear8<Q6_K>(in, w, M, N, row_bytes, out, ldo);
   }
 }
 
@@ -224,25 +281,24 @@ void qgemm_any(int t, const Inputs& in, const uint8_t* w, int M, int N, int64_t 
 
 namespace pagedserve {
 
-// Fewer rows than this: the dot products win (the tile's unpacking is paid once per call, whatever M is).
-int qtile_min_rows(int t) { return t == Q8_0 ? 16 : 8; }
+bool qlinear_int8_built() { return true; }
 
-void qgemm_tiles(int t, const void* x, bool x_bf16, const uint8_t* w, int M, int N, int K, int64_t row_bytes,
-                 void* out, int64_t ldo, bool out_bf16) {
+void qlinear_int8(int t, const void* x, bool x_bf16, const uint8_t* w, int M, int N, int K, int64_t row_bytes,
+                  void* out, int64_t ldo, bool out_bf16) {
   static thread_local Inputs in;
   if (x_bf16) quantize_inputs(static_cast<const uint16_t*>(x), M, K, in);
   else quantize_inputs(static_cast<const float*>(x), M, K, in);
-  if (out_bf16) qgemm_any(t, in, w, M, N, row_bytes, static_cast<uint16_t*>(out), ldo);
-  else qgemm_any(t, in, w, M, N, row_bytes, static_cast<float*>(out), ldo);
+  if (out_bf16) qlinear8_any(t, in, w, M, N, row_bytes, static_cast<uint16_t*>(out), ldo);
+  else qlinear8_any(t, in, w, M, N, row_bytes, static_cast<float*>(out), ldo);
 }
 
 }  // namespace pagedserve
 
-#else  // no AVX-512 VNNI: no tile path (quant.cpp's callers dequantize for a float GEMM instead)
+#else  // no AVX-512 VNNI: every input is rounded to int16 (quant.cpp)
 
 namespace pagedserve {
-int qtile_min_rows(int) { return 0; }
-void qgemm_tiles(int, const void*, bool, const uint8_t*, int, int, int, int64_t, void*, int64_t, bool) {}
+bool qlinear_int8_built() { return false; }
+void qlinear_int8(int, const void*, bool, const uint8_t*, int, int, int, int64_t, void*, int64_t, bool) {}
 }  // namespace pagedserve
 
 #endif
