@@ -191,7 +191,6 @@ DotAnyFn dot_for(int t) {
 // chunks' scales and offsets as vectors over its 16 rows) stays in L1/L2 and serves every input row; each row
 // then costs 16 dpwssd per 32 weights x 16 outputs and one float scale per chunk, instead of the dot
 // products' widening and per-row float work. Same int16 inputs, same exact int32 chunk sums as dot_rows.
-constexpr int TILE_N = 16;
 // Below this many input rows the unpacking costs more than it saves: measured against the dot products on a
 // 2-vCPU AMD EPYC (Zen 4 core, AVX-512 VNNI), one thread: Q4_1/Q4_K/Q6_K 3072x576..576x1536 even at 8 rows,
 // 0.69-0.85x at 12; Q8_0 (SmolLM2's 49152x576 LM head: more bytes to unpack per weight) 1.34x at 12, 1.16x
@@ -250,16 +249,6 @@ void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Til
                             _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(p)), tmp[j], 4));
     }
   }
-}
-
-inline void store16(float* out, __m512 v, int n) {
-  if (n == TILE_N) _mm512_storeu_ps(out, v);
-  else _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), v);
-}
-inline void store16(uint16_t* out, __m512 v, int n) {
-  alignas(64) float f[TILE_N];
-  _mm512_store_ps(f, v);
-  for (int i = 0; i < n; ++i) pagedserve::store(out + i, f[i]);
 }
 
 // R input rows times the tile: out[r][0..n) for the tile's n valid weight rows.

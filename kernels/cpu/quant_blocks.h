@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "dtypes.h"
+
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -285,6 +287,19 @@ inline __attribute__((always_inline)) __m512i block_i16_avx512(int t, const uint
   if (t == Q4_0) q = _mm512_sub_epi16(q, _mm512_set1_epi16(8));
   if (t == Q5_0) q = _mm512_sub_epi16(q, _mm512_set1_epi16(16));
   return q;
+}
+
+constexpr int TILE_N = 16;  // weight rows per tile (quant.cpp's int16 tiles, quant_tiles.cpp's int8 tiles)
+
+// A tile's 16 outputs of one input row, n <= 16 of them valid.
+inline void store16(float* out, __m512 v, int n) {
+  if (n == TILE_N) _mm512_storeu_ps(out, v);
+  else _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), v);
+}
+inline void store16(uint16_t* out, __m512 v, int n) {
+  alignas(64) float f[TILE_N];
+  _mm512_store_ps(f, v);
+  for (int i = 0; i < n; ++i) pagedserve::store(out + i, f[i]);
 }
 #endif  // __AVX512BW__
 

@@ -26,7 +26,6 @@
 
 namespace {
 
-constexpr int TILE_N = 16;   // weight rows per tile
 constexpr int TILE_RM = 8;   // input rows per pass over the tile (their sums stay in registers)
 constexpr int QUADS = QK / 4;
 
@@ -127,16 +126,6 @@ void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Til
                             _mm512_i32gather_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(p)), tmp[j], 4));
     }
   }
-}
-
-inline void store16(float* out, __m512 v, int n) {
-  if (n == TILE_N) _mm512_storeu_ps(out, v);
-  else _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), v);
-}
-inline void store16(uint16_t* out, __m512 v, int n) {
-  alignas(64) float f[TILE_N];
-  _mm512_store_ps(f, v);
-  for (int i = 0; i < n; ++i) pagedserve::store(out + i, f[i]);
 }
 
 // R input rows (from m0) times the tile: out[r][0..n) for the tile's n valid weight rows.
