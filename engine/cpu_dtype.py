@@ -8,8 +8,8 @@ The rule, from measurements on three CPU kinds (docs/benchmarks.md, "--dtype aut
 A model whose linear layers are quantized blocks (a .gguf file, --quantization q8_0/q4_0) multiplies in
 integers whatever the activation dtype, so the rule differs:
 - AVX512_BF16 with AVX-512 VNNI (the blocks kernel's tiles take every step, no float GEMM): bf16; it halves
-  the KV cache and activation bytes. SmolLM2's Q4_1 file at batch 64 on a Zen 4 core: 388 against 325 output
-  tok/s in fp32, one stream 12.3 against 14.8 ms per token; perplexity 23.66 against 23.58 (+0.3%).
+  the KV cache and activation bytes. SmolLM2's Q4_1 file at batch 64 on a Zen 4 core: 366 against 286 output
+  tok/s in fp32, one stream 14.4 against 16.8 ms per token; perplexity 23.66 against 23.58 (+0.3%).
 - otherwise: fp32; without VNNI many-row steps dequantize into the activation dtype for torch's GEMM, where
   bf16 without AMX or AVX512_BF16 is the slow case above.
 """
@@ -70,7 +70,7 @@ def auto_blocks_dtype(cpu: CpuKind) -> tuple[str, str]:
     """(dtype, the reason) for a model computed from quantized blocks on this CPU."""
     if cpu.avx512_bf16 and "avx512_vnni" in cpu.flags:
         return "bfloat16", ("quantized blocks with AVX-512 VNNI and AVX512_BF16: integer tiles either way, bf16 "
-                            "halves the KV cache and activation bytes (1.19x at batch 64 measured on Zen 4)")
+                            "halves the KV cache and activation bytes (1.28x at batch 64 measured on Zen 4)")
     return "float32", "quantized blocks without AVX-512 VNNI and AVX512_BF16: steps of many rows use float GEMMs"
 
 
