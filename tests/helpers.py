@@ -86,4 +86,4 @@ def int16_inputs_only(llm) -> None:
     for layer in llm.engine.model.layers:
         layer.mlp.gate_up_proj.int8_inputs = False
     if llm.engine.model.native is not None:
-        llm.engine.model.native._weights = None     # rebuilt with the change at the next step
+        llm.engine.model.native.reset()

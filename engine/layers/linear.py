@@ -112,8 +112,5 @@ class ParallelLMHead(ColumnParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # From blocks the logits come out in fp32 (the kernel sums in fp32): none are lost to bf16 rounding.
-        if self.qweight is None:
-            logits = super().forward(x)
-        else:
-            logits = self.qweight.linear(x, None, torch.float32)
+        logits = super().forward(x) if self.qweight is None else self.qweight.linear(x, None, torch.float32)
         return ps.all_gather_last_dim(logits)[..., :self.vocab_size]

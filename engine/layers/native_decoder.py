@@ -53,6 +53,10 @@ class NativeDecoder:
                 and hidden.dtype in (torch.float32, torch.bfloat16) and backend is not None
                 and backend.name == "cpu" and backend.kernel is not None)
 
+    def reset(self) -> None:
+        """Rebuilds the per-layer structures at the next step (after a projection's settings changed)."""
+        self._weights = None
+
     def _layer_weights(self) -> list:
         """Built at the first step (the KV cache is bound after the model is built) and again if it moves."""
         from kernels.cpu.layer import LayerWeights

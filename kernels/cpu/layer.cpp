@@ -36,7 +36,7 @@ struct QLinear {
   int rows[MAX_SEGMENTS];
   int64_t row_bytes[MAX_SEGMENTS];
   int in_features, out_features;
-  int int8_inputs;  // many-row inputs rounded to int8 (quant_tiles.cpp), else int16
+  int int8_inputs;  // inputs rounded to int8 where the build has VNNI (quant_tiles.cpp), else int16
 };
 
 }  // namespace
