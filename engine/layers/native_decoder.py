@@ -16,10 +16,10 @@ from engine.layers.linear import LinearBase
 from engine.layers.quantized import kernel_max_rows
 
 
-def _projection(lin: LinearBase):
+def _projection(lin: LinearBase, dtype: torch.dtype):
     from kernels.cpu.layer import qlinear
     q = lin.qweight
-    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features, lin.int8_inputs)
+    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features, lin.int8_for(dtype))
 
 
 class NativeDecoder:
@@ -71,10 +71,10 @@ class NativeDecoder:
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
                 eps=layer.input_layernorm.eps,
-                qkv=_projection(attn.qkv_proj),
-                o=_projection(attn.o_proj),
-                gate_up=_projection(mlp.gate_up_proj),
-                down=_projection(mlp.down_proj),
+                qkv=_projection(attn.qkv_proj, pa.k_cache.dtype),
+                o=_projection(attn.o_proj, pa.k_cache.dtype),
+                gate_up=_projection(mlp.gate_up_proj, pa.k_cache.dtype),
+                down=_projection(mlp.down_proj, pa.k_cache.dtype),
                 k_cache=pa.k_cache.data_ptr(), v_cache=pa.v_cache.data_ptr(), num_heads=pa.num_heads,
                 num_kv_heads=pa.num_kv_heads, head_dim=pa.head_dim, block_size=pa.k_cache.shape[1], scale=pa.scale))
         self._weights, self._cache_ptr = weights, first.k_cache.data_ptr()
