@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams, loader
 from engine.layers import quantized
 from engine.layers.quantized import QuantizedWeight, QuantSegment, dequantize_reference, weight_nbytes
-from kernels.cpu.quant import FORMATS, load_quant_kernel
+from kernels.cpu.quant import FORMATS, INTERLEAVABLE, interleave_rows, load_quant_kernel
 from tests.gguf_files import random_blocks
 from tests.helpers import int16_inputs_only
 
@@ -118,6 +118,55 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(qtype, int8, dtype)
         assert torch.equal(part, whole[m0:m1]), (m0, m1)
 
 
+needs_interleaved = pytest.mark.skipif(not getattr(load_quant_kernel(), "has_interleaved", False),
+                                       reason="interleaved blocks are read by the AVX-512 VNNI build only")
+
+
+@needs_interleaved
+@pytest.mark.parametrize("qtype", INTERLEAVABLE)
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+def test_interleaved_blocks_compute_what_the_files_layout_does(qtype, kind):
+    """The same bytes moved (a permutation), the same dequantized rows, and bit for bit the same products at
+    every row count and input rounding: one tile path serves them all, so a layout error cannot hide."""
+    cols = 7 * 32
+    blocks = blocks_of(kind, qtype, 48, cols, seed=9)
+    il = interleave_rows(blocks, qtype)
+    assert il.shape == blocks.shape and torch.equal(il.flatten().sort().values, blocks.flatten().sort().values)
+    kernel = load_quant_kernel()
+    ref = dequantize_reference(blocks, qtype, cols)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(kernel.dequantize(il, qtype, cols, dtype, interleaved=True), ref.to(dtype))
+    ids = torch.tensor([47, 0, 17, 17, 30])
+    assert torch.equal(kernel.dequantize(il, qtype, cols, torch.float32, ids, interleaved=True), ref[ids])
+    for m in (1, 2, 5, 8, 13, 40):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+        for int8, dtype in [(False, torch.float32), (True, torch.float32), (False, torch.bfloat16), (True, torch.bfloat16)]:
+            want, got = torch.empty(m, 48, dtype=dtype), torch.empty(m, 48, dtype=dtype)
+            kernel.linear_into(x.to(dtype), blocks, qtype, want, int8)
+            kernel.linear_into(x.to(dtype), il, qtype, got, int8, interleaved=True)
+            assert torch.equal(got, want), (m, int8, dtype)
+
+
+@needs_interleaved
+def test_only_what_the_kernel_reads_interleaved_is_interleaved():
+    kernel = load_quant_kernel()
+    with pytest.raises(ValueError, match="rejected"):      # 40 rows: not whole groups of 16
+        kernel.linear_into(torch.randn(1, 64), quantized_blocks("Q4_1", 40, 64, 1), "Q4_1", torch.empty(1, 40),
+                           interleaved=True)
+    with pytest.raises(ValueError, match="rejected"):      # a K-quant stays as the file stores it
+        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q4_K", 16, 32, 1), "Q4_K", torch.empty(1, 16),
+                           interleaved=True)
+    # a fused weight: whole groups of 16 rows in an interleavable format are interleaved, the rest kept as is
+    weight = QuantizedWeight([QuantSegment("Q8_0", quantized_blocks("Q8_0", 32, 64, 2)),
+                              QuantSegment("Q4_1", quantized_blocks("Q4_1", 40, 64, 3))], 64)
+    assert [s.interleaved for s in weight.segments] == [True, False]
+    x = torch.randn(3, 64)
+    ref = torch.cat([dequantize_reference(quantized_blocks("Q8_0", 32, 64, 2), "Q8_0", 64),
+                     dequantize_reference(quantized_blocks("Q4_1", 40, 64, 3), "Q4_1", 64)])
+    assert torch.equal(weight.dequantize(torch.float32), ref)
+    assert (weight.linear(x, None) - x @ ref.T).abs().max() <= 2e-4 * (x @ ref.T).abs().max()
+
+
 def test_linear_in_bf16_and_into_a_column_slice():
     blocks = quantized_blocks("Q4_1", 40, 64, seed=3)
     w = dequantize_reference(blocks, "Q4_1", 64)
@@ -187,6 +236,8 @@ def test_default_model_keeps_its_blocks(smollm2_gguf, smollm2_file):
     assert {m.qweight.format for m in layers} == {"Q4_1", "Q8_0"}
     assert all(m.weight is None for m in layers)
     assert model.lm_head.qweight is model.embed_tokens.qweight       # tied: one Q8_0 table
+    # with AVX-512 VNNI every segment is interleaved for the tiles (SmolLM2's row counts are multiples of 16)
+    assert all(s.interleaved == load_quant_kernel().has_interleaved for m in layers for s in m.qweight.segments)
     assert weight_nbytes(model) <= 1.25 * smollm2_file.stat().st_size
     info = smollm2_gguf.engine.info      # what pagedserve_model_weight_bytes and /v1/stats report
     assert info.model_weight_bytes == weight_nbytes(model)

@@ -19,7 +19,7 @@ from engine.layers.quantized import kernel_max_rows
 def _projection(lin: LinearBase, dtype: torch.dtype):
     from kernels.cpu.layer import qlinear
     q = lin.qweight
-    return qlinear([(s.qtype, s.blocks) for s in q.segments], q.in_features, lin.int8_for(dtype))
+    return qlinear([(s.qtype, s.blocks, s.interleaved) for s in q.segments], q.in_features, lin.int8_for(dtype))
 
 
 class NativeDecoder:

@@ -101,5 +101,7 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.qlinear_max_rows.argtypes = []
     lib.qlinear_has_int8.restype = i
     lib.qlinear_has_int8.argtypes = []
-    lib.qdequant.argtypes = [p, i, i64, p, i, i, p, i]
+    lib.qdequant.argtypes = [p, i, i64, i, p, i, i, p, i]
+    lib.qlinear_has_interleaved.restype = i
+    lib.qlinear_has_interleaved.argtypes = []
     return lib

@@ -11,7 +11,7 @@ import ctypes
 import torch
 
 from kernels.cpu.build import load_kernel
-from kernels.cpu.quant import FORMATS
+from kernels.cpu.quant import type_id
 
 MAX_SEGMENTS = 4
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -36,15 +36,15 @@ class StepInputs(ctypes.Structure):
                 ("cu_seqlens_q", _p), ("num_seqs", _i), ("is_bf16", _i)]
 
 
-def qlinear(segments: list[tuple[str, torch.Tensor]], in_features: int, int8_inputs: bool) -> QLinear:
-    """segments: (ggml type name, uint8 blocks [rows, row_bytes]) in row order; int8_inputs as in
-    QuantKernel.linear_into."""
+def qlinear(segments: list[tuple[str, torch.Tensor, bool]], in_features: int, int8_inputs: bool) -> QLinear:
+    """segments: (ggml type name, uint8 blocks [rows, row_bytes], interleaved) in row order; int8_inputs and
+    interleaved as in QuantKernel.linear_into."""
     if len(segments) > MAX_SEGMENTS:
         raise ValueError(f"a projection of {len(segments)} block segments (at most {MAX_SEGMENTS})")
     q = QLinear(num_segments=len(segments), in_features=in_features,
-                out_features=sum(blocks.shape[0] for _, blocks in segments), int8_inputs=int(int8_inputs))
-    for i, (qtype, blocks) in enumerate(segments):
-        q.blocks[i], q.qtype[i] = blocks.data_ptr(), FORMATS[qtype].type_id
+                out_features=sum(blocks.shape[0] for _, blocks, _ in segments), int8_inputs=int(int8_inputs))
+    for i, (qtype, blocks, interleaved) in enumerate(segments):
+        q.blocks[i], q.qtype[i] = blocks.data_ptr(), type_id(qtype, interleaved)
         q.rows[i], q.row_bytes[i] = blocks.shape[0], blocks.stride(0)
     return q
 

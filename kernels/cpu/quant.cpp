@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "quant_blocks.h"
 #include "quant_tiles.h"
+#include "quant_x16.h"
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -251,6 +252,28 @@ void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Til
   }
 }
 
+// The 16 weight rows of an interleaved group (quant_x16.h) unpacked into the tile: no transpose left to do.
+template <int T>
+void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
+  const int nchunks = K / QK;
+  tile.wq.resize(static_cast<size_t>(nchunks) * 16 * TILE_N);
+  tile.d0.resize(static_cast<size_t>(nchunks) * TILE_N);
+  tile.d1.resize(tile.d0.size());
+  tile.m.resize(tile.d0.size());
+  __m512i quads[8], pairs[16];
+  for (int c = 0; c < nchunks; ++c) {
+    const uint8_t* col = group + static_cast<int64_t>(c) * GROUP_ROWS * block_bytes(T);
+    interleaved_quads<T>(col, quads);
+    quads_to_pairs(quads, pairs);
+    int32_t* dst = tile.wq.data() + static_cast<size_t>(c) * 16 * TILE_N;
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * TILE_N, pairs[p]);
+    const __m512 d = interleaved_d(col);
+    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.m.data() + c * TILE_N, interleaved_m(T, col));
+  }
+}
+
 // R input rows times the tile: out[r][0..n) for the tile's n valid weight rows.
 template <int T, int R, typename O>
 void tile_rows(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n) {
@@ -297,11 +320,16 @@ void tile_any(const Tile& tile, const QRow* x, int K, O* out, int64_t ldo, int n
 
 template <int T, typename O>
 void qgemm_tiles(const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
-                 int64_t ldo) {
+                 int64_t ldo, bool interleaved) {
   pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
     static thread_local Tile tile;
     const int n0 = static_cast<int>(i) * TILE_N, n = std::min(TILE_N, N - n0);
-    pack_tile<T>(w, row_bytes, n0, n, K, tile);
+    if constexpr (interleavable(T)) {
+      if (interleaved) pack_tile_interleaved<T>(w + n0 * row_bytes, K, tile);
+      else pack_tile<T>(w, row_bytes, n0, n, K, tile);
+    } else {
+      pack_tile<T>(w, row_bytes, n0, n, K, tile);
+    }
     for (int m0 = 0; m0 < M; m0 += TILE_RM)
       tile_any<T>(tile, &qx[m0], K, out + static_cast<int64_t>(m0) * ldo + n0, ldo, n, std::min(TILE_RM, M - m0));
   });
@@ -309,26 +337,34 @@ void qgemm_tiles(const std::vector<QRow>& qx, const uint8_t* w, int M, int N, in
 
 template <typename O>
 void qgemm(int t, const std::vector<QRow>& qx, const uint8_t* w, int M, int N, int K, int64_t row_bytes, O* out,
-           int64_t ldo) {
+           int64_t ldo, bool interleaved) {
   switch (t) {
-    case Q4_0: return qgemm_tiles<Q4_0>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q4_1: return qgemm_tiles<Q4_1>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q5_0: return qgemm_tiles<Q5_0>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q5_1: return qgemm_tiles<Q5_1>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q8_0: return qgemm_tiles<Q8_0>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q4_K: return qgemm_tiles<Q4_K>(qx, w, M, N, K, row_bytes, out, ldo);
-    case Q5_K: return qgemm_tiles<Q5_K>(qx, w, M, N, K, row_bytes, out, ldo);
-    default: return qgemm_tiles<Q6_K>(qx, w, M, N, K, row_bytes, out, ldo);
+    case Q4_0: return qgemm_tiles<Q4_0>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q4_1: return qgemm_tiles<Q4_1>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q5_0: return qgemm_tiles<Q5_0>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q5_1: return qgemm_tiles<Q5_1>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q8_0: return qgemm_tiles<Q8_0>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q4_K: return qgemm_tiles<Q4_K>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    case Q5_K: return qgemm_tiles<Q5_K>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
+    default: return qgemm_tiles<Q6_K>(qx, w, M, N, K, row_bytes, out, ldo, interleaved);
   }
 }
 #define PAGEDSERVE_QGEMM 1
 #endif
 
+constexpr bool qlinear_interleaved_built() {
+#if defined(PAGEDSERVE_QGEMM)
+  return true;
+#else
+  return false;
+#endif
+}
+
 template <typename T, typename O>
 int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t row_bytes, O* out, int64_t ldo,
-            bool int8_inputs) {
+            bool int8_inputs, bool interleaved) {
   if (int8_inputs && pagedserve::qlinear_int8_built()) {
-    pagedserve::qlinear_int8(t, x, sizeof(T) == 2, w, M, N, K, row_bytes, out, ldo, sizeof(O) == 2);
+    pagedserve::qlinear_int8(t, x, sizeof(T) == 2, w, M, N, K, row_bytes, out, ldo, sizeof(O) == 2, interleaved);
     return 0;
   }
   const DotAnyFn dot = dot_for(t);
@@ -339,8 +375,8 @@ int qlinear(const T* x, const uint8_t* w, int t, int M, int N, int K, int64_t ro
     for (int m = 0; m < M; ++m) quantize_row(x + static_cast<int64_t>(m) * K, K, qx[m]);
   }
 #if defined(PAGEDSERVE_QGEMM)
-  if (M >= tile_min_rows(t)) {
-    qgemm(t, qx, w, M, N, K, row_bytes, out, ldo);
+  if (interleaved || M >= tile_min_rows(t)) {  // interleaved blocks unpack cheaply enough for any M
+    qgemm(t, qx, w, M, N, K, row_bytes, out, ldo, interleaved);
     return 0;
   }
 #endif
@@ -369,6 +405,32 @@ inline void store8(uint16_t* out, __m256 v) {
 }
 #endif
 
+// out[0..32) = d * q + m: one multiply and one add per weight (no FMA contraction), as the scalar loop rounds.
+template <typename T>
+inline void dequant_block(const int8_t* q, float d, float m, T* out) {
+#if defined(__AVX2__)
+  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+  for (int j = 0; j < QK; j += 8) {
+    const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j)));
+    store8(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv), mv));
+  }
+#else
+  for (int j = 0; j < QK; ++j) pagedserve::store(out + j, d * static_cast<float>(q[j]) + m);
+#endif
+}
+
+// Row `lane` of an interleaved group of 16 rows (quant_x16.h).
+template <typename T>
+void dequant_row_interleaved(int t, const uint8_t* group, int lane, int K, T* out) {
+  const int col_bytes = GROUP_ROWS * block_bytes(t);
+  for (int b = 0; b < K / QK; ++b) {
+    alignas(32) int8_t q[QK];
+    float d, m;
+    interleaved_block_ints(t, group + static_cast<int64_t>(b) * col_bytes, lane, q, &d, &m);
+    dequant_block(q, d, m, out + b * QK);
+  }
+}
+
 template <typename T>
 void dequant_row(int t, const uint8_t* w, int K, T* out) {
   const int bb = block_bytes(t);
@@ -382,45 +444,51 @@ void dequant_row(int t, const uint8_t* w, int K, T* out) {
     return;
   }
   for (int b = 0; b < K / QK; ++b, w += bb) {
+    alignas(32) int8_t q[QK];
     float d, m;
 #if defined(__AVX2__)
-    // d * q + m in the same float ops as the scalar loop below (one multiply, one add: no FMA contraction)
-    alignas(32) int8_t q[QK];
     _mm256_store_si256(reinterpret_cast<__m256i*>(q), block_bytes_avx2(t, w, &d, &m));
-    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
-    for (int j = 0; j < QK; j += 8) {
-      const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j)));
-      store8(out + b * QK + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv), mv));
-    }
 #else
-    int8_t q[QK];
     block_ints(t, w, q, &d, &m);
-    for (int j = 0; j < QK; ++j) pagedserve::store(out + b * QK + j, d * static_cast<float>(q[j]) + m);
 #endif
+    dequant_block(q, d, m, out + b * QK);
   }
 }
 
 template <typename T>
-void dequant(const uint8_t* w, int t, int64_t row_bytes, const int64_t* rows, int n, int K, T* out) {
+void dequant(const uint8_t* w, int t, int64_t row_bytes, const int64_t* rows, int n, int K, T* out, bool interleaved) {
   pagedserve::parallel_for((n + ROWS_PER_INDEX - 1) / ROWS_PER_INDEX, [&](int64_t i) {
     const int r0 = static_cast<int>(i) * ROWS_PER_INDEX, r1 = std::min(n, r0 + ROWS_PER_INDEX);
     for (int r = r0; r < r1; ++r) {
       const int64_t src = rows != nullptr ? rows[r] : r;
-      dequant_row(t, w + src * row_bytes, K, out + static_cast<int64_t>(r) * K);
+      if (interleaved)
+        dequant_row_interleaved(t, w + src / GROUP_ROWS * GROUP_ROWS * row_bytes, static_cast<int>(src % GROUP_ROWS), K,
+                                out + static_cast<int64_t>(r) * K);
+      else
+        dequant_row(t, w + src * row_bytes, K, out + static_cast<int64_t>(r) * K);
     }
   });
 }
 
 bool supported(int t, int K) { return block_bytes(t) != 0 && K % block_weights(t) == 0 && K > 0; }
+
+// Splits the INTERLEAVED flag off a type id; false where this build cannot read that layout for N rows.
+bool layout_of(int* t, int N, bool* interleaved) {
+  *interleaved = (*t & INTERLEAVED) != 0;
+  *t &= ~INTERLEAVED;
+  return !*interleaved || (qlinear_interleaved_built() && interleavable(*t) && N % GROUP_ROWS == 0);
+}
 int64_t row_bytes_of(int t, int K) { return static_cast<int64_t>(K / block_weights(t)) * block_bytes(t); }
 
 }  // namespace
 
 // out[m, n] (row stride ldo) = sum_k x[m, k] * w[n, k], w given as N rows of row_bytes of blocks of type t.
 // x is bf16 when is_bf16, out when out_bf16 (else fp32): bf16 activations may ask for fp32 outputs (logits).
+// t may carry the INTERLEAVED flag (quant_x16.h).
 extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K, int64_t row_bytes, void* out,
                        int64_t ldo, int is_bf16, int out_bf16, int int8_inputs) {
-  if (!supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
+  bool il;
+  if (!layout_of(&t, N, &il) || !supported(t, K) || M < 1 || N < 1 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint16_t*>(x);
   const auto* xf = static_cast<const float*>(x);
@@ -428,24 +496,31 @@ extern "C" int qlinear(const void* x, const void* w, int t, int M, int N, int K,
   auto* of = static_cast<float*>(out);
   const bool i8 = int8_inputs != 0;
   if (is_bf16)
-    return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo, i8);
-  return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo, i8) : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo, i8);
+    return out_bf16 ? qlinear(xb, wb, t, M, N, K, row_bytes, ob, ldo, i8, il)
+                    : qlinear(xb, wb, t, M, N, K, row_bytes, of, ldo, i8, il);
+  return out_bf16 ? qlinear(xf, wb, t, M, N, K, row_bytes, ob, ldo, i8, il)
+                  : qlinear(xf, wb, t, M, N, K, row_bytes, of, ldo, i8, il);
 }
 
-// out[r, :] = dequantized weight row rows[r] (rows null: row r), r < n.
-extern "C" int qdequant(const void* w, int t, int64_t row_bytes, const int64_t* rows, int n, int K, void* out,
+// out[r, :] = dequantized weight row rows[r] (rows null: row r), r < n, of a weight of N rows.
+extern "C" int qdequant(const void* w, int t, int64_t row_bytes, int N, const int64_t* rows, int n, int K, void* out,
                         int is_bf16) {
-  if (!supported(t, K) || n < 0 || row_bytes != row_bytes_of(t, K)) return 1;
+  bool il;
+  if (!layout_of(&t, N, &il) || !supported(t, K) || n < 0 || row_bytes != row_bytes_of(t, K)) return 1;
   const auto* wb = static_cast<const uint8_t*>(w);
   if (is_bf16)
-    dequant(wb, t, row_bytes, rows, n, K, static_cast<uint16_t*>(out));
+    dequant(wb, t, row_bytes, rows, n, K, static_cast<uint16_t*>(out), il);
   else
-    dequant(wb, t, row_bytes, rows, n, K, static_cast<float*>(out));
+    dequant(wb, t, row_bytes, rows, n, K, static_cast<float*>(out), il);
   return 0;
 }
 
 // Whether qlinear rounds inputs to int8 when asked to (int8_inputs): with AVX-512 VNNI only.
 extern "C" int qlinear_has_int8() { return pagedserve::qlinear_int8_built() ? 1 : 0; }
+
+// Whether qlinear and qdequant read Q4_0/Q4_1/Q8_0 blocks interleaved across 16 rows (quant_x16.h): with
+// AVX-512 VNNI only, whose tiles they are for.
+extern "C" int qlinear_has_interleaved() { return qlinear_interleaved_built() ? 1 : 0; }
 
 // The most input rows qlinear is meant for: 0 = any (the VNNI tile path computes prefill-sized inputs faster
 // than dequantizing the weight for a float GEMM); else the dot products' crossover with dequantize + GEMM.

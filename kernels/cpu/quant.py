@@ -2,7 +2,9 @@
 from the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
 
 Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks (32 weights; 256 for the K-quants), as a
-.gguf file stores them. The reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
+.gguf file stores them, or (Q4_0, Q4_1, Q8_0, where has_interleaved) the same bytes interleaved across groups
+of 16 rows by interleave_rows, the layout the kernel's tiles unpack without a transpose (quant_x16.h). The
+reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
 """
 from __future__ import annotations
 
@@ -29,6 +31,28 @@ FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0
            "Q5_1": QuantFormat(7, 32, 24), "Q8_0": QuantFormat(8, 32, 34), "Q4_K": QuantFormat(12, 256, 144),
            "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
 DTYPES = (torch.float32, torch.bfloat16)
+INTERLEAVED = 256               # type id flag of interleaved blocks (quant_x16.h)
+INTERLEAVABLE = ("Q4_0", "Q4_1", "Q8_0")
+GROUP_ROWS = 16
+
+
+def type_id(qtype: str, interleaved: bool) -> int:
+    """The kernel's id of a format and layout."""
+    return FORMATS[qtype].type_id | (INTERLEAVED if interleaved else 0)
+
+
+def interleave_rows(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    """Blocks [N, row_bytes] (N a multiple of 16) rearranged as quant_x16.h lays them out: per group of 16 rows
+    and block column, the 16 fp16 scales (then Q4_1's 16 offsets), then the quantized bytes as 32-bit words,
+    word j of the 16 rows together. The same bytes, moved: the result is [N, row_bytes] too."""
+    fmt = FORMATS[qtype]
+    n, row_bytes = blocks.shape
+    groups, cols = n // GROUP_ROWS, row_bytes // fmt.block_bytes
+    b = blocks.reshape(groups, GROUP_ROWS, cols, fmt.block_bytes)
+    head = 4 if qtype == "Q4_1" else 2
+    scales = b[..., :head].reshape(groups, GROUP_ROWS, cols, head // 2, 2).permute(0, 2, 3, 1, 4)
+    words = b[..., head:].reshape(groups, GROUP_ROWS, cols, -1, 4).permute(0, 2, 3, 1, 4)
+    return torch.cat([scales.reshape(groups, cols, -1), words.reshape(groups, cols, -1)], dim=2).reshape(n, row_bytes)
 
 
 class QuantKernel:
@@ -39,18 +63,24 @@ class QuantKernel:
         self.max_rows: int | None = lib.qlinear_max_rows() or None
         # Whether linear_into rounds inputs to int8 when asked (int8_inputs): builds with AVX-512 VNNI.
         self.has_int8: bool = bool(lib.qlinear_has_int8())
+        # Whether the kernel reads interleaved blocks (interleave_rows): builds with AVX-512 VNNI, whose tiles
+        # they are for.
+        self.has_interleaved: bool = bool(lib.qlinear_has_interleaved())
 
+    def interleaves(self, qtype: str, rows: int) -> bool:
+        """Whether a weight of this format and row count is best kept interleaved."""
+        return self.has_interleaved and qtype in INTERLEAVABLE and rows % GROUP_ROWS == 0
 
     def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor,
-                    int8_inputs: bool = False) -> None:
+                    int8_inputs: bool = False, interleaved: bool = False) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
         [M, N] (fp32/bf16: fp32 keeps the kernel's fp32 sums of bf16 inputs) with any row stride (a column slice
         of a fused output). int8_inputs: the inputs are rounded to int8 per block of 32 (llama.cpp's rounding,
-        VNNI vpdpbusd) where has_int8, else to int16."""
+        VNNI vpdpbusd) where has_int8, else to int16. interleaved: the blocks as interleave_rows leaves them."""
         M, K = x.shape
         if out.stride(1) != 1 or out.dtype not in DTYPES:
             raise ValueError("out must be fp32 or bf16 with unit column stride")
-        status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), FORMATS[qtype].type_id, M, blocks.shape[0], K,
+        status = self.lib.qlinear(x.data_ptr(), blocks.data_ptr(), type_id(qtype, interleaved), M, blocks.shape[0], K,
                                   blocks.stride(0), out.data_ptr(), out.stride(0), int(x.dtype == torch.bfloat16),
                                   int(out.dtype == torch.bfloat16), int(int8_inputs))
         if status != 0:
@@ -58,13 +88,13 @@ class QuantKernel:
                              f"{K} input features")
 
     def dequantize(self, blocks: torch.Tensor, qtype: str, K: int, dtype: torch.dtype,
-                   rows: torch.Tensor | None = None) -> torch.Tensor:
+                   rows: torch.Tensor | None = None, interleaved: bool = False) -> torch.Tensor:
         """The weight rows `rows` (all rows when None) as a [len(rows), K] tensor of dtype (fp32/bf16)."""
         if rows is not None:
             rows = rows.to(torch.int64).contiguous()
         n = blocks.shape[0] if rows is None else rows.numel()
         out = torch.empty(n, K, dtype=dtype)
-        status = self.lib.qdequant(blocks.data_ptr(), FORMATS[qtype].type_id, blocks.stride(0),
+        status = self.lib.qdequant(blocks.data_ptr(), type_id(qtype, interleaved), blocks.stride(0), blocks.shape[0],
                                    None if rows is None else rows.data_ptr(), n, K, out.data_ptr(),
                                    int(dtype == torch.bfloat16))
         if status != 0:

@@ -23,6 +23,7 @@
 #include "dtypes.h"
 #include "pool.h"
 #include "quant_blocks.h"
+#include "quant_x16.h"
 
 namespace {
 
@@ -128,6 +129,36 @@ void pack_tile(const uint8_t* w, int64_t row_bytes, int n0, int rows, int K, Til
   }
 }
 
+// The 16 weight rows of an interleaved group (quant_x16.h) unpacked into the tile: no transpose left to do;
+// each row's half-chunk weight sums by vpdpbusd with ones.
+template <int T>
+void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
+  const size_t nchunks = K / QK;
+  tile.wq.resize(nchunks * QUADS * TILE_N);
+  tile.d0.resize(nchunks * TILE_N);
+  tile.d1.resize(nchunks * TILE_N);
+  tile.m.resize(nchunks * TILE_N);
+  tile.wsum.resize(nchunks * 2 * TILE_N);
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i quads[QUADS];
+  for (size_t c = 0; c < nchunks; ++c) {
+    const uint8_t* col = group + c * GROUP_ROWS * block_bytes(T);
+    interleaved_quads<T>(col, quads);
+    int32_t* dst = tile.wq.data() + c * QUADS * TILE_N;
+    __m512i half[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int p = 0; p < QUADS; ++p) {
+      _mm512_storeu_si512(dst + p * TILE_N, quads[p]);
+      half[p / (QUADS / 2)] = _mm512_dpbusd_epi32(half[p / (QUADS / 2)], ones, quads[p]);
+    }
+    _mm512_storeu_si512(tile.wsum.data() + c * 2 * TILE_N, _mm512_slli_epi32(half[0], 7));
+    _mm512_storeu_si512(tile.wsum.data() + c * 2 * TILE_N + TILE_N, _mm512_slli_epi32(half[1], 7));
+    const __m512 d = interleaved_d(col);
+    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.m.data() + c * TILE_N, interleaved_m(T, col));
+  }
+}
+
 // R input rows (from m0) times the tile: out[r][0..n) for the tile's n valid weight rows.
 template <int T, int R, typename O>
 void tile_rows(const Tile& tile, const Inputs& in, int m0, O* out, int64_t ldo, int n) {
@@ -188,11 +219,16 @@ void tile_any(const Tile& tile, const Inputs& in, int m0, O* out, int64_t ldo, i
 }
 
 template <int T, typename O>
-void qgemm(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
+void qgemm(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo, bool interleaved) {
   pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
     static thread_local Tile tile;
     const int n0 = static_cast<int>(i) * TILE_N, n = std::min(TILE_N, N - n0);
-    pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
+    if constexpr (interleavable(T)) {
+      if (interleaved) pack_tile_interleaved<T>(w + n0 * row_bytes, in.K, tile);
+      else pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
+    } else {
+      pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
+    }
     for (int m0 = 0; m0 < M; m0 += TILE_RM)
       tile_any<T>(tile, in, m0, out + static_cast<int64_t>(m0) * ldo + n0, ldo, n, std::min(TILE_RM, M - m0));
   });
@@ -246,23 +282,25 @@ void qdots(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, 
 }
 
 template <int T, typename O>
-void qlinear8(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
-  // Fewer rows than this: the dot products win (the tile's unpacking is paid once per call, whatever M is).
-  if (M < (T == Q8_0 ? 16 : 8)) qdots<T>(in, w, M, N, row_bytes, out, ldo);
-  else qgemm<T>(in, w, M, N, row_bytes, out, ldo);
+void qlinear8(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo, bool interleaved) {
+  // Fewer rows than this: the dot products win (the tile's unpacking is paid once per call, whatever M is),
+  // unless the blocks are interleaved: then the unpacking is a few operations per 64 weights.
+  if (!interleaved && M < (T == Q8_0 ? 16 : 8)) qdots<T>(in, w, M, N, row_bytes, out, ldo);
+  else qgemm<T>(in, w, M, N, row_bytes, out, ldo, interleaved);
 }
 
 template <typename O>
-void qlinear8_any(int t, const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo) {
+void qlinear8_any(int t, const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, O* out, int64_t ldo,
+                  bool il) {
   switch (t) {
-    case Q4_0: return qlinear8<Q4_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q4_1: return qlinear8<Q4_1>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_0: return qlinear8<Q5_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_1: return qlinear8<Q5_1>(in, w, M, N, row_bytes, out, ldo);
-    case Q8_0: return qlinear8<Q8_0>(in, w, M, N, row_bytes, out, ldo);
-    case Q4_K: return qlinear8<Q4_K>(in, w, M, N, row_bytes, out, ldo);
-    case Q5_K: return qlinear8<Q5_K>(in, w, M, N, row_bytes, out, ldo);
-    default: return qlinear8<Q6_K>(in, w, M, N, row_bytes, out, ldo);
+    case Q4_0: return qlinear8<Q4_0>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q4_1: return qlinear8<Q4_1>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q5_0: return qlinear8<Q5_0>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q5_1: return qlinear8<Q5_1>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q8_0: return qlinear8<Q8_0>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q4_K: return qlinear8<Q4_K>(in, w, M, N, row_bytes, out, ldo, il);
+    case Q5_K: return qlinear8<Q5_K>(in, w, M, N, row_bytes, out, ldo, il);
+    default: return qlinear8<Q6_K>(in, w, M, N, row_bytes, out, ldo, il);
   }
 }
 
@@ -273,12 +311,12 @@ namespace pagedserve {
 bool qlinear_int8_built() { return true; }
 
 void qlinear_int8(int t, const void* x, bool x_bf16, const uint8_t* w, int M, int N, int K, int64_t row_bytes,
-                  void* out, int64_t ldo, bool out_bf16) {
+                  void* out, int64_t ldo, bool out_bf16, bool interleaved) {
   static thread_local Inputs in;
   if (x_bf16) quantize_inputs(static_cast<const uint16_t*>(x), M, K, in);
   else quantize_inputs(static_cast<const float*>(x), M, K, in);
-  if (out_bf16) qlinear8_any(t, in, w, M, N, row_bytes, static_cast<uint16_t*>(out), ldo);
-  else qlinear8_any(t, in, w, M, N, row_bytes, static_cast<float*>(out), ldo);
+  if (out_bf16) qlinear8_any(t, in, w, M, N, row_bytes, static_cast<uint16_t*>(out), ldo, interleaved);
+  else qlinear8_any(t, in, w, M, N, row_bytes, static_cast<float*>(out), ldo, interleaved);
 }
 
 }  // namespace pagedserve
@@ -287,7 +325,7 @@ void qlinear_int8(int t, const void* x, bool x_bf16, const uint8_t* w, int M, in
 
 namespace pagedserve {
 bool qlinear_int8_built() { return false; }
-void qlinear_int8(int, const void*, bool, const uint8_t*, int, int, int, int64_t, void*, int64_t, bool) {}
+void qlinear_int8(int, const void*, bool, const uint8_t*, int, int, int, int64_t, void*, int64_t, bool, bool) {}
 }  // namespace pagedserve
 
 #endif
