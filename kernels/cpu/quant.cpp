@@ -10,7 +10,9 @@
 // one-stream decode step waits on. Larger inputs (prefill, decode batches) with AVX-512 VNNI: where the caller
 // allows int8 inputs (then at any row count: quant_tiles.cpp, vpdpbusd); else tiles of 16 weight
 // rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (qgemm_tiles
-// below; the same int16 inputs as the dot products). Without VNNI the caller dequantizes the weight rows
+// below; the same int16 inputs as the dot products). Q4_0/Q4_1/Q8_0 blocks kept interleaved across 16 rows
+// (quant_x16.h) unpack into the tiles without a transpose, cheaply enough that every row count takes the
+// tiles (one decode row too: 0.25-0.5x the dot products' time on SmolLM2's shapes). Without VNNI the caller dequantizes the weight rows
 // (qdequant) for a float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4
 // core (512-bit operations in two halves) (docs/benchmarks.md). Built by kernels/cpu/build.py with
 // -march=native, so each path is compiled exactly where the CPU has it; elsewhere a scalar loop does the same
@@ -200,8 +202,8 @@ constexpr int tile_min_rows(int t) { return t == Q8_0 ? 24 : 12; }
 constexpr int TILE_RM = 8;        // input rows per pass over the tile (their sums stay in registers)
 
 struct Tile {
-  std::vector<int32_t> wq;       // [chunk][pair][16 rows]: int16 pairs
-  std::vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
+  aligned_vector<int32_t> wq;    // [chunk][pair][16 rows]: int16 pairs
+  aligned_vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
 };
 
 // Weight rows n0..n0+rows-1 (rows <= 16; the rest zero) unpacked into the tile.

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <vector>
 
 #include "dtypes.h"
 
@@ -25,6 +27,24 @@
 #endif
 
 namespace {
+
+// std::vector storage on 64-byte boundaries (malloc gives 16): the tiles are written and read in 64-byte
+// vectors, and one that straddles two cache lines costs two accesses.
+template <typename T>
+struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <typename U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const CacheAligned<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheAligned<U>&) const { return false; }
+};
+template <typename T>
+using aligned_vector = std::vector<T, CacheAligned<T>>;
 
 enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's ids
 constexpr int QK = 32;     // weights per block; also the input rows' quantization block

@@ -76,9 +76,9 @@ void quantize_inputs(const T* x, int M, int K, Inputs& in) {
 }
 
 struct Tile {
-  std::vector<int32_t> wq;       // [chunk][quad][16 rows]: 4 int8 weights each
-  std::vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
-  std::vector<int32_t> wsum;     // [chunk][half][16 rows]: 128 * the sum of the half-chunk's integer weights
+  aligned_vector<int32_t> wq;    // [chunk][quad][16 rows]: 4 int8 weights each
+  aligned_vector<float> d0, d1, m;  // [chunk][16 rows]: scale of weights 0..15 / 16..31 of the chunk, offset
+  aligned_vector<int32_t> wsum;  // [chunk][half][16 rows]: 128 * the sum of the half-chunk's integer weights
 };
 
 // 128 * (sum of weights 0..15, sum of weights 16..31) of a chunk of 32 signed bytes.
