@@ -15,6 +15,7 @@
 
 #include "dtypes.h"
 #include "pool.h"
+#include "vec_math.h"
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -140,24 +141,6 @@ inline void rows_of(const uint16_t* cache, const int64_t* off, int nk, int D, fl
 }
 
 #ifdef __AVX512F__
-// exp of 16 lanes: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2 and a degree-6 Taylor polynomial
-// for e^r (relative error ~1e-7, about one fp32 ulp). Inputs below -87 give ~0; callers mask unused lanes.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts: exact n * hi
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Lane t of the result = the sum of the 16 lanes of v[t]: a transpose-and-add tree (about 50 shuffles and adds
 // for all 16 sums, against ~8 dependent steps per sum reduced one at a time).
 inline __m512 transpose_sum16(const __m512* v) {

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 SOURCES = tuple(_HERE / name for name in ("pool.cpp", "attention.cpp", "linear.cpp", "ops.cpp", "quant.cpp",
                                            "quant_tiles.cpp", "layer.cpp"))
-HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h", "quant_tiles.h"))
+HEADERS = tuple(_HERE / name for name in ("pool.h", "dtypes.h", "quant_blocks.h", "quant_tiles.h", "quant_x16.h",
+                                           "vec_math.h"))
 # The fast-math pieces that let GCC vectorize the dot products and softmax sums, but not -ffast-math itself:
 # with -shared it links crtfastmath.o, which turns on flush-to-zero / denormals-are-zero for the WHOLE
 # process when the library loads, silently changing torch's own arithmetic (a subnormal top_p became 0.0).

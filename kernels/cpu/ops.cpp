@@ -10,6 +10,7 @@
 
 #include "dtypes.h"
 #include "pool.h"
+#include "vec_math.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -100,11 +101,6 @@ void rope(T* q, T* k, const int32_t* positions, const float* cos_sin, int64_t to
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
 // bf16 rounding to nearest even, as dtypes.h's store: the result still in fp32 lanes
 inline __m512i bf16_bits(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
@@ -120,29 +116,11 @@ inline void store16(uint16_t* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(v), 16)));
 }
 
-// e^x to about 1 ulp of fp32: silu_and_mul's fp32 outputs equal torch's F.silu(gate) * up on 96% of random
-// inputs (libm's expf: 73%; torch's vectorized exp is not libm's either). x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^7 (error < 1e-8 relative), times 2^n by
-// scalef, which gives inf and 0 past fp32's range as expf does.
-inline __m512 exp16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts (Cody-Waite)
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 #endif
 
 // out = silu(gate) * up for x = [gate | up] rows, rounded to T after the silu and after the product (torch's
-// F.silu(gate) * up). 16 lanes at a time where the CPU has AVX-512 (expf per element was 7% of a batch-64
-// run's samples).
+// F.silu(gate) * up). 16 lanes at a time where the CPU has AVX-512, with vec_math.h's exp (libm's expf per
+// element was 7% of a batch-64 run's samples): about 1 fp32 ulp from torch's, as libm's is.
 template <typename T>
 void silu_and_mul(const T* x, T* out, int64_t rows, int inter, int64_t x_stride) {
   for_rows(rows, [&](int64_t r) {

@@ -28,6 +28,7 @@
 #include "quant_blocks.h"
 #include "quant_tiles.h"
 #include "quant_x16.h"
+#include "vec_math.h"
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -43,13 +44,6 @@ struct QRow {
   std::vector<float> scale, sum;
 };
 
-#if defined(__AVX512BW__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-#endif
 
 template <typename T>
 void quantize_row(const T* x, int K, QRow& r) {

@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "quant_blocks.h"
 #include "quant_x16.h"
+#include "vec_math.h"
 
 namespace {
 
@@ -40,11 +41,6 @@ struct Inputs {
   const uint8_t* row(int m) const { return q.data() + static_cast<size_t>(m) * K; }
 };
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
 
 template <typename T>
 void quantize_row(const T* x, int K, uint8_t* q, float* scale, float* sum) {
