@@ -11,11 +11,10 @@ from kernels.cpu.attention import CpuPagedAttention, load_cpu_paged_attention
 from kernels.cpu.linear import SmallBatchLinear, load_small_batch_linear
 from kernels.cpu.ops import CpuOps, load_cpu_ops
 from kernels.cpu.quant import FORMATS as QUANT_FORMATS
-from kernels.cpu.quant import QuantKernel, interleave_rows, load_quant_kernel
+from kernels.cpu.quant import QuantKernel, load_quant_kernel
 
-__all__ = ["QUANT_FORMATS", "CpuOps", "CpuPagedAttention", "QuantKernel", "SmallBatchLinear", "interleave_rows",
-           "load_cpu_ops", "load_cpu_paged_attention", "load_quant_kernel", "load_small_batch_linear",
-           "use_cpu_kernels"]
+__all__ = ["QUANT_FORMATS", "CpuOps", "CpuPagedAttention", "QuantKernel", "SmallBatchLinear", "load_cpu_ops",
+           "load_cpu_paged_attention", "load_quant_kernel", "load_small_batch_linear", "use_cpu_kernels"]
 
 
 def use_cpu_kernels(model: torch.nn.Module, dtype: torch.dtype) -> None:

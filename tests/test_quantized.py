@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams, loader
 from engine.layers import quantized
 from engine.layers.quantized import QuantizedWeight, QuantSegment, dequantize_reference, weight_nbytes
-from kernels.cpu.quant import FORMATS, INTERLEAVABLE, interleave_rows, load_quant_kernel
+from kernels.cpu.quant import FORMATS, INTERLEAVABLE, load_quant_kernel
 from tests.gguf_files import random_blocks
 from tests.helpers import int16_inputs_only
 
@@ -122,17 +122,30 @@ needs_interleaved = pytest.mark.skipif(not getattr(load_quant_kernel(), "has_int
                                        reason="interleaved blocks are read by the AVX-512 VNNI build only")
 
 
+def interleaved_reference(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    """kernels/cpu/quant_x16.h's layout by torch: per group of 16 rows and block column, the 16 fp16 scales (then
+    Q4_1's 16 offsets), then the quantized bytes as 32-bit words, word j of the 16 rows together."""
+    fmt = FORMATS[qtype]
+    n, row_bytes = blocks.shape
+    groups, cols = n // 16, row_bytes // fmt.block_bytes
+    b = blocks.reshape(groups, 16, cols, fmt.block_bytes)
+    head = 4 if qtype == "Q4_1" else 2
+    scales = b[..., :head].reshape(groups, 16, cols, head // 2, 2).permute(0, 2, 3, 1, 4)
+    words = b[..., head:].reshape(groups, 16, cols, -1, 4).permute(0, 2, 3, 1, 4)
+    return torch.cat([scales.reshape(groups, cols, -1), words.reshape(groups, cols, -1)], dim=2).reshape(n, row_bytes)
+
+
 @needs_interleaved
 @pytest.mark.parametrize("qtype", INTERLEAVABLE)
 @pytest.mark.parametrize("kind", ["quantized", "random"])
 def test_interleaved_blocks_compute_what_the_files_layout_does(qtype, kind):
-    """The same bytes moved (a permutation), the same dequantized rows, and bit for bit the same products at
-    every row count and input rounding: one tile path serves them all, so a layout error cannot hide."""
+    """Interleaved in place as the layout says, the same dequantized rows, and bit for bit the same products
+    at every row count and input rounding: one tile path serves them all, so a layout error cannot hide."""
     cols = 7 * 32
     blocks = blocks_of(kind, qtype, 48, cols, seed=9)
-    il = interleave_rows(blocks, qtype)
-    assert il.shape == blocks.shape and torch.equal(il.flatten().sort().values, blocks.flatten().sort().values)
     kernel = load_quant_kernel()
+    il = kernel.interleave_(blocks.clone(), qtype)
+    assert torch.equal(il, interleaved_reference(blocks, qtype)) and not torch.equal(il, blocks)
     ref = dequantize_reference(blocks, qtype, cols)
     for dtype in (torch.float32, torch.bfloat16):
         assert torch.equal(kernel.dequantize(il, qtype, cols, dtype, interleaved=True), ref.to(dtype))
@@ -156,12 +169,17 @@ def test_only_what_the_kernel_reads_interleaved_is_interleaved():
     with pytest.raises(ValueError, match="rejected"):      # a K-quant stays as the file stores it
         kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q4_K", 16, 32, 1), "Q4_K", torch.empty(1, 16),
                            interleaved=True)
-    # a fused weight: whole groups of 16 rows in an interleavable format are interleaved, the rest kept as is
-    weight = QuantizedWeight([QuantSegment("Q8_0", quantized_blocks("Q8_0", 32, 64, 2)),
+    with pytest.raises(ValueError, match="cannot be interleaved"):
+        kernel.interleave_(quantized_blocks("Q4_1", 40, 64, 1), "Q4_1")
+    # a fused weight: whole groups of 16 rows in an interleavable format are interleaved, the rest kept as is;
+    # a segment that is a view (rows of a larger tensor) is copied first, its base keeping the file's layout
+    table = quantized_blocks("Q8_0", 48, 64, 2)
+    weight = QuantizedWeight([QuantSegment("Q8_0", table[16:48]),
                               QuantSegment("Q4_1", quantized_blocks("Q4_1", 40, 64, 3))], 64)
     assert [s.interleaved for s in weight.segments] == [True, False]
+    assert torch.equal(table, quantized_blocks("Q8_0", 48, 64, 2))
     x = torch.randn(3, 64)
-    ref = torch.cat([dequantize_reference(quantized_blocks("Q8_0", 32, 64, 2), "Q8_0", 64),
+    ref = torch.cat([dequantize_reference(table[16:48], "Q8_0", 64),
                      dequantize_reference(quantized_blocks("Q4_1", 40, 64, 3), "Q4_1", 64)])
     assert torch.equal(weight.dequantize(torch.float32), ref)
     assert (weight.linear(x, None) - x @ ref.T).abs().max() <= 2e-4 * (x @ ref.T).abs().max()

@@ -39,7 +39,7 @@ def kernel_max_rows(kernel) -> int:
 class QuantSegment:
     qtype: str                  # ggml type name: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K
     blocks: torch.Tensor        # uint8 [rows, row_bytes]
-    interleaved: bool = False   # the blocks interleaved across 16 rows (kernels/cpu/quant.py interleave_rows)
+    interleaved: bool = False   # the blocks interleaved across 16 rows (kernels/cpu/quant_x16.h)
 
 
 class QuantizedWeight:
@@ -63,10 +63,12 @@ class QuantizedWeight:
         """The segment as the kernel reads it fastest: Q4_0/Q4_1/Q8_0 interleaved across 16 rows where it
         can (its tiles then unpack without a transpose, and take every row count: SmolLM2's projections in
         0.25-0.5x the time at 1-8 rows, 0.73-0.82x at 64), else as the file stores it."""
-        if seg.interleaved or self.kernel is None or not self.kernel.interleaves(seg.qtype, seg.blocks.shape[0]):
-            return QuantSegment(seg.qtype, seg.blocks.contiguous(), seg.interleaved)
-        from engine.cpu_kernels import interleave_rows
-        return QuantSegment(seg.qtype, interleave_rows(seg.blocks, seg.qtype), True)
+        blocks = seg.blocks.contiguous()
+        if seg.interleaved or self.kernel is None or not self.kernel.interleaves(seg.qtype, blocks.shape[0]):
+            return QuantSegment(seg.qtype, blocks, seg.interleaved)
+        if blocks.untyped_storage().nbytes() != blocks.numel():    # a view: its base must keep the file's layout
+            blocks = blocks.clone()
+        return QuantSegment(seg.qtype, self.kernel.interleave_(blocks, seg.qtype), True)
 
     @property
     def nbytes(self) -> int:

@@ -103,6 +103,8 @@ def load_kernel() -> ctypes.CDLL | None:
     lib.qlinear_has_int8.restype = i
     lib.qlinear_has_int8.argtypes = []
     lib.qdequant.argtypes = [p, i, i64, i, p, i, i, p, i]
+    lib.qinterleave.restype = i
+    lib.qinterleave.argtypes = [p, i, i, i, i64]
     lib.qlinear_has_interleaved.restype = i
     lib.qlinear_has_interleaved.argtypes = []
     return lib

@@ -511,6 +511,19 @@ extern "C" int qdequant(const void* w, int t, int64_t row_bytes, int N, const in
   return 0;
 }
 
+// Rearranges a weight's N rows of blocks of type t (N a multiple of 16) in place into the interleaved layout
+// (quant_x16.h), one group of 16 rows at a time through a copy of that group.
+extern "C" int qinterleave(void* w, int t, int N, int K, int64_t row_bytes) {
+  if (!interleavable(t) || !supported(t, K) || N % GROUP_ROWS != 0 || row_bytes != row_bytes_of(t, K)) return 1;
+  auto* wb = static_cast<uint8_t*>(w);
+  pagedserve::parallel_for(N / GROUP_ROWS, [&](int64_t g) {
+    uint8_t* group = wb + g * GROUP_ROWS * row_bytes;
+    const std::vector<uint8_t> rows(group, group + GROUP_ROWS * row_bytes);
+    interleave_group(t, rows.data(), row_bytes, group);
+  });
+  return 0;
+}
+
 // Whether qlinear rounds inputs to int8 when asked to (int8_inputs): with AVX-512 VNNI only.
 extern "C" int qlinear_has_int8() { return pagedserve::qlinear_int8_built() ? 1 : 0; }
 

@@ -3,7 +3,7 @@ from the blocks in integers, and rows dequantized into fp32 or bf16 (embedding l
 
 Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks (32 weights; 256 for the K-quants), as a
 .gguf file stores them, or (Q4_0, Q4_1, Q8_0, where has_interleaved) the same bytes interleaved across groups
-of 16 rows by interleave_rows, the layout the kernel's tiles unpack without a transpose (quant_x16.h). The
+of 16 rows by interleave_, the layout the kernel's tiles unpack without a transpose (quant_x16.h). The
 reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
 """
 from __future__ import annotations
@@ -41,20 +41,6 @@ def type_id(qtype: str, interleaved: bool) -> int:
     return FORMATS[qtype].type_id | (INTERLEAVED if interleaved else 0)
 
 
-def interleave_rows(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
-    """Blocks [N, row_bytes] (N a multiple of 16) rearranged as quant_x16.h lays them out: per group of 16 rows
-    and block column, the 16 fp16 scales (then Q4_1's 16 offsets), then the quantized bytes as 32-bit words,
-    word j of the 16 rows together. The same bytes, moved: the result is [N, row_bytes] too."""
-    fmt = FORMATS[qtype]
-    n, row_bytes = blocks.shape
-    groups, cols = n // GROUP_ROWS, row_bytes // fmt.block_bytes
-    b = blocks.reshape(groups, GROUP_ROWS, cols, fmt.block_bytes)
-    head = 4 if qtype == "Q4_1" else 2
-    scales = b[..., :head].reshape(groups, GROUP_ROWS, cols, head // 2, 2).permute(0, 2, 3, 1, 4)
-    words = b[..., head:].reshape(groups, GROUP_ROWS, cols, -1, 4).permute(0, 2, 3, 1, 4)
-    return torch.cat([scales.reshape(groups, cols, -1), words.reshape(groups, cols, -1)], dim=2).reshape(n, row_bytes)
-
-
 class QuantKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -63,7 +49,7 @@ class QuantKernel:
         self.max_rows: int | None = lib.qlinear_max_rows() or None
         # Whether linear_into rounds inputs to int8 when asked (int8_inputs): builds with AVX-512 VNNI.
         self.has_int8: bool = bool(lib.qlinear_has_int8())
-        # Whether the kernel reads interleaved blocks (interleave_rows): builds with AVX-512 VNNI, whose tiles
+        # Whether the kernel reads interleaved blocks (interleave_): builds with AVX-512 VNNI, whose tiles
         # they are for.
         self.has_interleaved: bool = bool(lib.qlinear_has_interleaved())
 
@@ -71,12 +57,22 @@ class QuantKernel:
         """Whether a weight of this format and row count is best kept interleaved."""
         return self.has_interleaved and qtype in INTERLEAVABLE and rows % GROUP_ROWS == 0
 
+    def interleave_(self, blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+        """Rearranges contiguous blocks [N, row_bytes] (N a multiple of 16) in place into the interleaved
+        layout, 16 rows at a time (no second copy of the weight); returns them."""
+        n, row_bytes = blocks.shape
+        K = row_bytes // FORMATS[qtype].block_bytes * FORMATS[qtype].block_weights
+        if not blocks.is_contiguous() or self.lib.qinterleave(blocks.data_ptr(), FORMATS[qtype].type_id, n, K,
+                                                              row_bytes) != 0:
+            raise ValueError(f"{qtype} blocks {tuple(blocks.shape)} cannot be interleaved")
+        return blocks
+
     def linear_into(self, x: torch.Tensor, blocks: torch.Tensor, qtype: str, out: torch.Tensor,
                     int8_inputs: bool = False, interleaved: bool = False) -> None:
         """out[:, :] = x @ W^T for x [M, K] (fp32/bf16, contiguous) and W's blocks [N, row_bytes]; out is
         [M, N] (fp32/bf16: fp32 keeps the kernel's fp32 sums of bf16 inputs) with any row stride (a column slice
         of a fused output). int8_inputs: the inputs are rounded to int8 per block of 32 (llama.cpp's rounding,
-        VNNI vpdpbusd) where has_int8, else to int16. interleaved: the blocks as interleave_rows leaves them."""
+        VNNI vpdpbusd) where has_int8, else to int16. interleaved: the blocks as interleave_ leaves them."""
         M, K = x.shape
         if out.stride(1) != 1 or out.dtype not in DTYPES:
             raise ValueError("out must be fp32 or bf16 with unit column stride")

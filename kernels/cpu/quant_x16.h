@@ -2,8 +2,8 @@
 // inputs) and quant_tiles.cpp (int8 inputs) are unpacked from with a few vector operations per 16 x 4
 // weights, where the file's layout (each row's blocks in a row) needs a transpose by gathers.
 //
-// kernels/cpu/quant.py (interleave_rows) rearranges a weight of N rows (N a multiple of 16) at load, in place
-// of the file's bytes (the same bytes, moved): rows 16g..16g+15 hold group g, which holds for each block
+// qinterleave (quant.cpp) rearranges a weight of N rows (N a multiple of 16) at load, in place (the same
+// bytes, moved; tests/test_quantized.py holds an independent torch version of the layout): rows 16g..16g+15 hold group g, which holds for each block
 // column c, in 16 * block_bytes bytes: the 16 rows' fp16 scales d, then (Q4_1) their fp16 offsets m, then the
 // rows' quantized bytes as 32-bit words, word j of rows 0..15 together (64 bytes). A Q4 word j holds weights
 // 4j..4j+3 in its low nibbles and 16+4j..16+4j+3 in its high ones (the file's nibble order); a Q8_0 word j
@@ -38,6 +38,20 @@ constexpr int quant_words_at(int t) { return t == Q4_1 ? 64 : 32; }  // after th
       q[4 * j + k] = static_cast<int8_t>((b & 0x0f) - offset);
       q[16 + 4 * j + k] = static_cast<int8_t>((b >> 4) - offset);
     }
+}
+
+// The file's 16 rows of a group (row r at rows + r * row_bytes) written into `group` interleaved.
+[[maybe_unused]] void interleave_group(int t, const uint8_t* rows, int64_t row_bytes, uint8_t* group) {
+  const int bb = block_bytes(t), head = t == Q4_1 ? 4 : 2, words = (bb - head) / 4;
+  for (int64_t c = 0; c < row_bytes / bb; ++c) {
+    uint8_t* col = group + c * GROUP_ROWS * bb;
+    for (int r = 0; r < GROUP_ROWS; ++r) {
+      const uint8_t* b = rows + r * row_bytes + c * bb;
+      std::memcpy(col + 2 * r, b, 2);                                  // d
+      if (t == Q4_1) std::memcpy(col + 32 + 2 * r, b + 2, 2);          // m
+      for (int j = 0; j < words; ++j) std::memcpy(col + quant_words_at(t) + 64 * j + 4 * r, b + head + 4 * j, 4);
+    }
+  }
 }
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
