@@ -66,15 +66,16 @@ class NativeDecoder:
         weights = []
         for layer in self.model.layers:
             attn, mlp, pa = layer.self_attn, layer.mlp, layer.self_attn.attn
+            dtype = pa.k_cache.dtype    # the activations' dtype
             weights.append(LayerWeights(
                 input_norm=layer.input_layernorm.weight.data_ptr(), post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
                 eps=layer.input_layernorm.eps,
-                qkv=_projection(attn.qkv_proj, pa.k_cache.dtype),
-                o=_projection(attn.o_proj, pa.k_cache.dtype),
-                gate_up=_projection(mlp.gate_up_proj, pa.k_cache.dtype),
-                down=_projection(mlp.down_proj, pa.k_cache.dtype),
+                qkv=_projection(attn.qkv_proj, dtype),
+                o=_projection(attn.o_proj, dtype),
+                gate_up=_projection(mlp.gate_up_proj, dtype),
+                down=_projection(mlp.down_proj, dtype),
                 k_cache=pa.k_cache.data_ptr(), v_cache=pa.v_cache.data_ptr(), num_heads=pa.num_heads,
                 num_kv_heads=pa.num_kv_heads, head_dim=pa.head_dim, block_size=pa.k_cache.shape[1], scale=pa.scale))
         self._weights, self._cache_ptr = weights, first.k_cache.data_ptr()
