@@ -8,7 +8,7 @@ The rule, from measurements on three CPU kinds (docs/benchmarks.md, "--dtype aut
 A model whose linear layers are quantized blocks (a .gguf file, --quantization q8_0/q4_0) multiplies in
 integers whatever the activation dtype, so the rule differs:
 - AVX512_BF16 with AVX-512 VNNI (the blocks kernel's tiles take every step, no float GEMM): bf16; it halves
-  the KV cache and activation bytes, and lets gate/up take int8 inputs (LinearBase.int8_for). SmolLM2's Q4_1
+  the KV cache and activation bytes, and lets the projections take int8 inputs (LinearBase.int8_for). SmolLM2's Q4_1
   file at batch 64 on a Zen 4 core: 455 against 375 output tok/s in fp32, one stream 10.7 against 11.6 ms per
   token (interleaved blocks, docs/benchmarks.md); perplexity 23.66 against 23.58 (+0.3%). Measured on AMD
   only: no Intel CPU with AVX512_BF16 was at hand.

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from engine.layers.linear import LinearBase
 from engine.tiny_model import build_checkpoint
 
 # One flavour per supported architecture, each exercising its distinguishing feature.
@@ -79,11 +80,12 @@ def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[i
 
 
 def int16_inputs_only(llm) -> None:
-    """Rounds every input of a model computed from blocks to int16 (with AVX-512 VNNI gate/up's are int8 by
-    default: llama.cpp's rounding, engine/models/llama.py), so that it scores as the dequantized weights do to
+    """Rounds every input of a model computed from blocks to int16 (with AVX-512 VNNI bf16 inputs are int8 by
+    default: llama.cpp's rounding, LinearBase.int8_for), so that it scores as the dequantized weights do to
     1e-3 and a wrong block layout cannot hide in int8 noise; tests/test_quantized.py checks the int8 path's
     products against their exact reference."""
-    for layer in llm.engine.model.layers:
-        layer.mlp.gate_up_proj.int8_inputs = False
+    for module in llm.engine.model.modules():
+        if isinstance(module, LinearBase):
+            module.int8_inputs = False
     if llm.engine.model.native is not None:
         llm.engine.model.native.reset()

@@ -4,8 +4,8 @@ tied LM head computed from the blocks.
 A QuantizedWeight is a [N, K] weight as row segments of blocks (a fused q/k/v or gate/up weight has one
 segment per checkpoint tensor, each in its own format). Few-row products (decode) go to the compiled kernel,
 which dots the blocks with input rows rounded to int16 per block of 32; with AVX-512 VNNI the kernel takes
-every row count by tiles (Q4_0/Q4_1/Q8_0 kept interleaved across 16 rows for them), and inputs are rounded
-to int8 where the layer allows it (LinearBase.int8_for); more rows elsewhere dequantize the weight into the
+every row count by tiles (Q4_0/Q4_1/Q8_0 kept interleaved across 16 rows for them), and bf16 inputs are
+rounded to int8 (LinearBase.int8_for); more rows elsewhere dequantize the weight into the
 activations' dtype for torch's GEMM.
 Without the compiled kernels (no C++ compiler) the `gguf` package's dequantizer does the same: it is also the
 tests' reference.

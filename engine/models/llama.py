@@ -73,13 +73,6 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        # From GGUF blocks on CPUs with AVX-512 VNNI and bf16 activations (LinearBase.int8_for), gate/up's
-        # inputs are rounded to int8 (llama.cpp's rounding; 1.5-1.8x faster tiles than int16, half the layer's
-        # multiply-adds); q/k/v, o_proj, down_proj and the LM head keep int16. SmolLM2's README answer starts
-        # with a near tie ("The" 0.08 ahead of "L" in fp32 with int16 everywhere, 0.20 in bf16); int8 also on
-        # o_proj left it the other way in fp32, on down_proj or q/k/v it flipped too (llama.cpp, int8
-        # everywhere, answers "L'Étoile"); with gate/up only, 0.106 in bf16 (docs/benchmarks.md).
-        self.gate_up_proj.int8_inputs = True
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
