@@ -9,8 +9,8 @@ A model whose linear layers are quantized blocks (a .gguf file, --quantization q
 integers whatever the activation dtype, so the rule differs:
 - AVX512_BF16 with AVX-512 VNNI (the blocks kernel's tiles take every step, no float GEMM): bf16; it halves
   the KV cache and activation bytes, and lets the projections take int8 inputs (LinearBase.int8_for). SmolLM2's Q4_1
-  file at batch 64 on a Zen 4 core: 455 against 375 output tok/s in fp32, one stream 10.7 against 11.6 ms per
-  token (interleaved blocks, docs/benchmarks.md); perplexity 23.66 against 23.58 (+0.3%). Measured on AMD
+  file at batch 64 on a Zen 4 core: 582 against 305 output tok/s in fp32, one stream 9.9 against 14.3 ms per
+  token (int8 inputs, docs/benchmarks.md); perplexity 23.58 against 23.53 (+0.2%). Measured on AMD
   only: no Intel CPU with AVX512_BF16 was at hand.
 - otherwise: fp32; without VNNI many-row steps dequantize into the activation dtype for torch's GEMM, where
   bf16 without AMX or AVX512_BF16 is the slow case above.
@@ -71,8 +71,9 @@ def auto_dtype(cpu: CpuKind) -> tuple[str, str]:
 def auto_blocks_dtype(cpu: CpuKind) -> tuple[str, str]:
     """(dtype, the reason) for a model computed from quantized blocks on this CPU."""
     if cpu.avx512_bf16 and "avx512_vnni" in cpu.flags:
-        return "bfloat16", ("quantized blocks with AVX-512 VNNI and AVX512_BF16: integer tiles either way, bf16 "
-                            "halves the KV cache and activation bytes (1.21x at batch 64 measured on Zen 4)")
+        return "bfloat16", ("quantized blocks with AVX-512 VNNI and AVX512_BF16: bf16 inputs take int8 tiles "
+                            "(fp32's int16) and halve the KV cache and activation bytes (1.9x at batch 64 "
+                            "measured on Zen 4)")
     return "float32", "quantized blocks without AVX-512 VNNI and AVX512_BF16: steps of many rows use float GEMMs"
 
 
