@@ -285,6 +285,35 @@ def test_default_model_answers_the_readme_question(smollm2_gguf, smollm2_file, d
 
 
 # ------------------------------------------------------------------------------ tiny GGUF models, per format
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bf16_inputs_are_rounded_to_int8_on_every_projection_and_the_lm_head(tmp_path, dtype):
+    """With AVX-512 VNNI, bf16 activations reach every projection and the LM head as int8 (llama.cpp's
+    rounding of every layer's inputs), fp32 ones as int16: each module's product equals the kernel's with
+    that rounding asked for."""
+    from engine.tiny_model import build_checkpoint
+    from tests.gguf_files import write_gguf
+
+    ckpt = build_checkpoint(tmp_path / "hf", "llama", seed=1, tie_word_embeddings=False)
+    llm = LLM(model=str(write_gguf(ckpt, tmp_path / "m.gguf", "llama", "Q4_0")), device="cpu",
+              dtype=str(dtype).removeprefix("torch."), max_model_len=64, quantization="gguf")
+    model, kernel = llm.engine.model, load_quant_kernel()
+    int8 = dtype == torch.bfloat16 and kernel.has_int8
+    layer = model.layers[0]
+    modules = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj,
+               model.lm_head]
+    for module in modules:
+        q = module.qweight
+        x = torch.randn(5, q.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+        got = module(x)
+        want = torch.empty(5, q.out_features, dtype=got.dtype)
+        col = 0
+        for seg in q.segments:
+            n = seg.blocks.shape[0]
+            kernel.linear_into(x, seg.blocks, seg.qtype, want[:, col:col + n], int8, seg.interleaved)
+            col += n
+        assert torch.equal(got, want[:, :got.shape[1]]), module     # the LM head cuts vocabulary padding
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_model_from_blocks_scores_as_the_dequantized_model(tmp_path, qtype):
     """A whole model computed from its blocks (decode rows and prefill rows) against the same file dequantized
