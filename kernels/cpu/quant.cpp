@@ -3,10 +3,10 @@
 // Formats and their unpacking: quant_blocks.h.
 // Decode (a few input rows): each input row is quantized once per call to int16 blocks of 32 (scale =
 // max|x| / 32767), then every weight block is unpacked once for up to 4 input rows and dotted with them in
-// integers (AVX2 madd: 16 products per instruction), scaled once per 32 weights. int16, not llama.cpp's int8
-// activations: with int8 the rounding of the hidden state in SmolLM2's LM head alone moved a logit by ~0.1
-// and flipped the README's greedy answer; int16 is ~256x closer to the float product for about one more
-// instruction per 16 weights. The weights are read once, in their 4.5-8.5 bits: that read is what a
+// integers (AVX2 madd: 16 products per instruction), scaled once per 32 weights. int16 (fp32 activations, and
+// every CPU without VNNI): ~256x closer to the float product than llama.cpp's int8 activations, for about one
+// more instruction per 16 weights; in fp32 int8 noise moved SmolLM2's near-tied README answer. bf16
+// activations, whose own rounding is of int8's size, take int8 where the CPU has VNNI (quant_tiles.cpp). The weights are read once, in their 4.5-8.5 bits: that read is what a
 // one-stream decode step waits on. Larger inputs (prefill, decode batches) with AVX-512 VNNI: where the caller
 // allows int8 inputs (then at any row count: quant_tiles.cpp, vpdpbusd); else tiles of 16 weight
 // rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (qgemm_tiles
