@@ -123,9 +123,9 @@ def test_chunked_prefill_equals_transformers(smollm2_file, prompts, reference):
 
 @torch.inference_mode()
 def test_blocks_perplexity_within_one_percent_of_transformers(smollm2, smollm2_file):
-    """The first 240 tokens of benchmarks/data/perplexity.txt (English prose) scored from the blocks, prefilled whole
-    (the int8 tiles where the CPU has them) and in chunks of 7 tokens (the int16 dot products), against
-    transformers on the same file."""
+    """The first 240 tokens of benchmarks/data/perplexity.txt (English prose) scored from the blocks against
+    transformers on the same file: in fp32 (inputs rounded to int16) prefilled whole and in chunks of 7 tokens,
+    and in bf16 (inputs rounded to int8 where the CPU has AVX-512 VNNI: --dtype auto's choice there)."""
     from tests.helpers import hf_model
 
     text = (Path(__file__).parent.parent / "benchmarks" / "data" / "perplexity.txt").read_text()
@@ -135,7 +135,9 @@ def test_blocks_perplexity_within_one_percent_of_transformers(smollm2, smollm2_f
     params = SamplingParams(max_tokens=1, prompt_logprobs=0)
     chunked = LLM(model=str(smollm2_file), device="cpu", dtype="float32", max_model_len=SMOLLM2_MAX_MODEL_LEN,
                   max_num_batched_tokens=7, enable_prefix_caching=False)
-    for llm in (smollm2, chunked):
+    bf16 = LLM(model=str(smollm2_file), device="cpu", dtype="bfloat16", max_model_len=SMOLLM2_MAX_MODEL_LEN,
+               enable_prefix_caching=False)
+    for llm in (smollm2, chunked, bf16):
         [out] = llm.generate([ids], params)
         got = math.exp(-sum(e.logprob for e in out.prompt_logprobs[1:]) / (len(ids) - 1))
         assert abs(got / ref - 1) <= 0.01, (got, ref)
