@@ -6,17 +6,17 @@
 // integers (AVX2 madd: 16 products per instruction), scaled once per 32 weights. int16 (fp32 activations, and
 // every CPU without VNNI): ~256x closer to the float product than llama.cpp's int8 activations, for about one
 // more instruction per 16 weights; in fp32 int8 noise moved SmolLM2's near-tied README answer. bf16
-// activations, whose own rounding is of int8's size, take int8 where the CPU has VNNI (quant_tiles.cpp). The weights are read once, in their 4.5-8.5 bits: that read is what a
-// one-stream decode step waits on. Larger inputs (prefill, decode batches) with AVX-512 VNNI: where the caller
-// allows int8 inputs (then at any row count: quant_tiles.cpp, vpdpbusd); else tiles of 16 weight
-// rows unpacked into interleaved int16 pairs and multiplied with every input row by vpdpwssd (qgemm_tiles
-// below; the same int16 inputs as the dot products). Q4_0/Q4_1/Q8_0 blocks kept interleaved across 16 rows
-// (quant_x16.h) unpack into the tiles without a transpose, cheaply enough that every row count takes the
-// tiles (one decode row too: 0.25-0.5x the dot products' time on SmolLM2's shapes). Without VNNI the caller dequantizes the weight rows
-// (qdequant) for a float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4
-// core (512-bit operations in two halves) (docs/benchmarks.md). Built by kernels/cpu/build.py with
-// -march=native, so each path is compiled exactly where the CPU has it; elsewhere a scalar loop does the same
-// arithmetic.
+// activations, whose own rounding is of int8's size, take int8 where the CPU has VNNI (quant_tiles.cpp). The
+// weights are read once, in their 4.5-8.5 bits: that read is what a one-stream decode step waits on. Larger
+// inputs (prefill, decode batches) with AVX-512 VNNI: where the caller asks for int8 inputs, at any row count
+// (quant_tiles.cpp, vpdpbusd); else tiles of 16 weight rows unpacked into interleaved int16 pairs and
+// multiplied with every input row by vpdpwssd (qgemm_tiles below; the same int16 inputs as the dot products).
+// Q4_0/Q4_1/Q8_0 blocks kept interleaved across 16 rows (quant_x16.h) unpack into the tiles without a
+// transpose, cheaply enough that every row count takes the tiles (one decode row too: 0.25-0.5x the dot
+// products' time on SmolLM2's shapes). Without VNNI the caller dequantizes the weight rows (qdequant) for a
+// float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4 core (512-bit
+// operations in two halves) (docs/benchmarks.md). Built by kernels/cpu/build.py with -march=native, so each
+// path is compiled exactly where the CPU has it; elsewhere a scalar loop does the same arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
