@@ -123,26 +123,31 @@ needs_interleaved = pytest.mark.skipif(not getattr(load_quant_kernel(), "has_int
 
 
 def interleaved_reference(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
-    """kernels/cpu/quant_x16.h's layout by torch: per group of 16 rows and block column, the 16 fp16 scales (then
-    Q4_1's 16 offsets), then the quantized bytes as 32-bit words, word j of the 16 rows together."""
+    """kernels/cpu/quant_x16.h's layout by torch: per group of 16 rows and block column, each field of the
+    block for the 16 rows together: the fp16 fields (d; Q4_1's m; Q4_K's d and dmin), Q4_K's 12 scale bytes one
+    at a time, then the quantized bytes as 32-bit words, word j of the 16 rows together."""
     fmt = FORMATS[qtype]
     n, row_bytes = blocks.shape
     groups, cols = n // 16, row_bytes // fmt.block_bytes
     b = blocks.reshape(groups, 16, cols, fmt.block_bytes)
-    head = 4 if qtype == "Q4_1" else 2
-    scales = b[..., :head].reshape(groups, 16, cols, head // 2, 2).permute(0, 2, 3, 1, 4)
-    words = b[..., head:].reshape(groups, 16, cols, -1, 4).permute(0, 2, 3, 1, 4)
-    return torch.cat([scales.reshape(groups, cols, -1), words.reshape(groups, cols, -1)], dim=2).reshape(n, row_bytes)
+    halves, singles = {"Q4_1": (4, 0), "Q4_K": (4, 12)}.get(qtype, (2, 0))
+
+    def fields(part: torch.Tensor, width: int) -> torch.Tensor:      # [groups, cols, fields * 16 * width]
+        return part.reshape(groups, 16, cols, -1, width).permute(0, 2, 3, 1, 4).reshape(groups, cols, -1)
+
+    parts = [fields(b[..., :halves], 2), fields(b[..., halves:halves + singles], 1),
+             fields(b[..., halves + singles:], 4)]
+    return torch.cat(parts, dim=2).reshape(n, row_bytes)
 
 
 @needs_interleaved
-@pytest.mark.parametrize("qtype", INTERLEAVABLE)
-@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("qtype,kind", [(q, k) for q in INTERLEAVABLE for k in ("quantized", "random")
+                                        if not (k == "quantized" and q.endswith("_K"))])   # gguf cannot quantize K
 def test_interleaved_blocks_compute_what_the_files_layout_does(qtype, kind):
     """Interleaved in place as the layout says, the same dequantized rows, and bit for bit the same products
     at every row count and input rounding: one tile path serves them all, so a layout error cannot hide."""
-    cols = 7 * 32
-    blocks = blocks_of(kind, qtype, 48, cols, seed=9)
+    blocks = blocks_of(kind, qtype, 48, 7 * 32, seed=9)
+    cols = 7 * FORMATS[qtype].block_weights
     kernel = load_quant_kernel()
     il = kernel.interleave_(blocks.clone(), qtype)
     assert torch.equal(il, interleaved_reference(blocks, qtype)) and not torch.equal(il, blocks)
@@ -166,8 +171,8 @@ def test_only_what_the_kernel_reads_interleaved_is_interleaved():
     with pytest.raises(ValueError, match="rejected"):      # 40 rows: not whole groups of 16
         kernel.linear_into(torch.randn(1, 64), quantized_blocks("Q4_1", 40, 64, 1), "Q4_1", torch.empty(1, 40),
                            interleaved=True)
-    with pytest.raises(ValueError, match="rejected"):      # a K-quant stays as the file stores it
-        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q4_K", 16, 32, 1), "Q4_K", torch.empty(1, 16),
+    with pytest.raises(ValueError, match="rejected"):      # Q6_K stays as the file stores it
+        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q6_K", 16, 32, 1), "Q6_K", torch.empty(1, 16),
                            interleaved=True)
     with pytest.raises(ValueError, match="cannot be interleaved"):
         kernel.interleave_(quantized_blocks("Q4_1", 40, 64, 1), "Q4_1")

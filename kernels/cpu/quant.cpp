@@ -258,15 +258,14 @@ void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
   tile.m.resize(tile.d0.size());
   __m512i quads[8], pairs[16];
   for (int c = 0; c < nchunks; ++c) {
-    const uint8_t* col = group + static_cast<int64_t>(c) * GROUP_ROWS * block_bytes(T);
-    interleaved_quads<T>(col, quads);
+    __m512 d, m;
+    interleaved_chunk<T>(group, c, quads, &d, &m);
     quads_to_pairs(quads, pairs);
     int32_t* dst = tile.wq.data() + static_cast<size_t>(c) * 16 * TILE_N;
     for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * TILE_N, pairs[p]);
-    const __m512 d = interleaved_d(col);
     _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d);
     _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d);
-    _mm512_storeu_ps(tile.m.data() + c * TILE_N, interleaved_m(T, col));
+    _mm512_storeu_ps(tile.m.data() + c * TILE_N, m);
   }
 }
 
@@ -415,18 +414,6 @@ inline void dequant_block(const int8_t* q, float d, float m, T* out) {
 #endif
 }
 
-// Row `lane` of an interleaved group of 16 rows (quant_x16.h).
-template <typename T>
-void dequant_row_interleaved(int t, const uint8_t* group, int lane, int K, T* out) {
-  const int col_bytes = GROUP_ROWS * block_bytes(t);
-  for (int b = 0; b < K / QK; ++b) {
-    alignas(32) int8_t q[QK];
-    float d, m;
-    interleaved_block_ints(t, group + static_cast<int64_t>(b) * col_bytes, lane, q, &d, &m);
-    dequant_block(q, d, m, out + b * QK);
-  }
-}
-
 template <typename T>
 void dequant_row(int t, const uint8_t* w, int K, T* out) {
   const int bb = block_bytes(t);
@@ -448,6 +435,17 @@ void dequant_row(int t, const uint8_t* w, int K, T* out) {
     block_ints(t, w, q, &d, &m);
 #endif
     dequant_block(q, d, m, out + b * QK);
+  }
+}
+
+// Row `lane` of an interleaved group of 16 rows (quant_x16.h): block by block as the file stores it.
+template <typename T>
+void dequant_row_interleaved(int t, const uint8_t* group, int lane, int K, T* out) {
+  const int bb = block_bytes(t), per_block = block_weights(t);
+  alignas(32) uint8_t block[256];
+  for (int b = 0; b < K / per_block; ++b) {
+    deinterleave_block(t, group + static_cast<int64_t>(b) * GROUP_ROWS * bb, lane, block);
+    dequant_row(t, block, per_block, out + static_cast<int64_t>(b) * per_block);
   }
 }
 
@@ -527,7 +525,7 @@ extern "C" int qinterleave(void* w, int t, int N, int K, int64_t row_bytes) {
 // Whether qlinear rounds inputs to int8 when asked to (int8_inputs): with AVX-512 VNNI only.
 extern "C" int qlinear_has_int8() { return pagedserve::qlinear_int8_built() ? 1 : 0; }
 
-// Whether qlinear and qdequant read Q4_0/Q4_1/Q8_0 blocks interleaved across 16 rows (quant_x16.h): with
+// Whether qlinear and qdequant read Q4_0/Q4_1/Q8_0/Q4_K blocks interleaved across 16 rows (quant_x16.h): with
 // AVX-512 VNNI only, whose tiles they are for.
 extern "C" int qlinear_has_interleaved() { return qlinear_interleaved_built() ? 1 : 0; }
 

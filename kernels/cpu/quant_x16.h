@@ -1,13 +1,16 @@
-// Q4_0, Q4_1 and Q8_0 blocks interleaved across 16 weight rows: the layout the tiles of quant.cpp (int16
+// Q4_0, Q4_1, Q8_0 and Q4_K blocks interleaved across 16 weight rows: the layout the tiles of quant.cpp (int16
 // inputs) and quant_tiles.cpp (int8 inputs) are unpacked from with a few vector operations per 16 x 4
 // weights, where the file's layout (each row's blocks in a row) needs a transpose by gathers.
 //
 // qinterleave (quant.cpp) rearranges a weight of N rows (N a multiple of 16) at load, in place (the same
-// bytes, moved; tests/test_quantized.py holds an independent torch version of the layout): rows 16g..16g+15 hold group g, which holds for each block
-// column c, in 16 * block_bytes bytes: the 16 rows' fp16 scales d, then (Q4_1) their fp16 offsets m, then the
-// rows' quantized bytes as 32-bit words, word j of rows 0..15 together (64 bytes). A Q4 word j holds weights
-// 4j..4j+3 in its low nibbles and 16+4j..16+4j+3 in its high ones (the file's nibble order); a Q8_0 word j
-// holds weights 4j..4j+3. Type ids with the INTERLEAVED flag name this layout.
+// bytes, moved; tests/test_quantized.py holds an independent torch version of the layout): rows 16g..16g+15
+// hold group g, which holds for each block column c, in 16 * block_bytes bytes, each field of the block for
+// the 16 rows together: the fp16 fields (d; Q4_1's m; Q4_K's d and dmin) 16 at a time, then Q4_K's 12 packed
+// scale bytes, byte i of the 16 rows together, then the rows' quantized bytes as 32-bit words, word j of rows
+// 0..15 together (64 bytes). A Q4_0/Q4_1 word j holds weights 4j..4j+3 in its low nibbles and 16+4j..16+4j+3
+// in its high ones; a Q8_0 word j holds weights 4j..4j+3; Q4_K's word 8c+p holds weights 4p..4p+3 of
+// sub-block 2c (low nibbles) and 2c+1 (high) (the file's orders). Type ids with the INTERLEAVED flag name
+// this layout.
 #pragma once
 #include <cstdint>
 
@@ -18,62 +21,81 @@ namespace {
 constexpr int INTERLEAVED = 256;  // type id flag: the blocks are interleaved across 16 rows
 constexpr int GROUP_ROWS = 16;
 
-constexpr bool interleavable(int t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
-constexpr int quant_words_at(int t) { return t == Q4_1 ? 64 : 32; }  // after the 16 d (and 16 m)
+constexpr bool interleavable(int t) { return t == Q4_0 || t == Q4_1 || t == Q8_0 || t == Q4_K; }
+constexpr int half_fields(int t) { return t == Q4_1 || t == Q4_K ? 2 : 1; }  // fp16 fields before the rest
+constexpr int byte_fields(int t) { return t == Q4_K ? 12 : 0; }              // then one-byte fields
+constexpr int quant_words_at(int t) { return 32 * half_fields(t) + 16 * byte_fields(t); }
 
-// Row `lane` (0..15) of a group's block column as 32 integer weights (offset removed), its d and m: the
-// layout's scalar reading (dequantization).
-[[maybe_unused]] void interleaved_block_ints(int t, const uint8_t* col, int lane, int8_t* q, float* d, float* m) {
-  *d = half_at(col + 2 * lane);
-  *m = t == Q4_1 ? half_at(col + 32 + 2 * lane) : 0.0f;
-  const uint8_t* words = col + quant_words_at(t) + 4 * lane;
-  if (t == Q8_0) {
-    for (int j = 0; j < 8; ++j) std::memcpy(q + 4 * j, words + 64 * j, 4);
-    return;
-  }
-  const int offset = t == Q4_0 ? 8 : 0;
-  for (int j = 0; j < 4; ++j)
-    for (int k = 0; k < 4; ++k) {
-      const uint8_t b = words[64 * j + k];
-      q[4 * j + k] = static_cast<int8_t>((b & 0x0f) - offset);
-      q[16 + 4 * j + k] = static_cast<int8_t>((b >> 4) - offset);
-    }
+// Where byte i of row r's block lands in its block column.
+constexpr int interleaved_offset(int t, int i, int r) {
+  const int halves = 2 * half_fields(t), head = halves + byte_fields(t);
+  if (i < halves) return 32 * (i / 2) + 2 * r + i % 2;
+  if (i < head) return 32 * half_fields(t) + 16 * (i - halves) + r;
+  return quant_words_at(t) + 64 * ((i - head) / 4) + 4 * r + (i - head) % 4;
 }
 
-// The file's 16 rows of a group (row r at rows + r * row_bytes) written into `group` interleaved.
+// Row `lane` (0..15) of a group's block column as the file stores the block: the layout's scalar reading.
+[[maybe_unused]] void deinterleave_block(int t, const uint8_t* col, int lane, uint8_t* block) {
+  for (int i = 0; i < block_bytes(t); ++i) block[i] = col[interleaved_offset(t, i, lane)];
+}
+
+// The file's 16 rows of a group (row r at rows + r * row_bytes) written into `group` interleaved: each field
+// copied whole (2, 1 or 4 bytes).
 [[maybe_unused]] void interleave_group(int t, const uint8_t* rows, int64_t row_bytes, uint8_t* group) {
-  const int bb = block_bytes(t), head = t == Q4_1 ? 4 : 2, words = (bb - head) / 4;
+  const int bb = block_bytes(t), halves = 2 * half_fields(t), head = halves + byte_fields(t);
   for (int64_t c = 0; c < row_bytes / bb; ++c) {
     uint8_t* col = group + c * GROUP_ROWS * bb;
     for (int r = 0; r < GROUP_ROWS; ++r) {
       const uint8_t* b = rows + r * row_bytes + c * bb;
-      std::memcpy(col + 2 * r, b, 2);                                  // d
-      if (t == Q4_1) std::memcpy(col + 32 + 2 * r, b + 2, 2);          // m
-      for (int j = 0; j < words; ++j) std::memcpy(col + quant_words_at(t) + 64 * j + 4 * r, b + head + 4 * j, 4);
+      for (int i = 0; i < halves; i += 2) std::memcpy(col + interleaved_offset(t, i, r), b + i, 2);
+      for (int i = halves; i < head; ++i) col[interleaved_offset(t, i, r)] = b[i];
+      for (int i = head; i < bb; i += 4) std::memcpy(col + interleaved_offset(t, i, r), b + i, 4);
     }
   }
 }
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
-// The 16 rows' scales and offsets of a block column.
-inline __m512 interleaved_d(const uint8_t* col) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
-}
-inline __m512 interleaved_m(int t, const uint8_t* col) {
-  return t == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32)))
-                   : _mm512_setzero_ps();
-}
-
-// quads[p], p = 0..7: weights 4p..4p+3 of the 16 rows (4 signed bytes per row, offset removed) of a block
-// column: what quant_tiles.cpp's int8 tiles hold.
+// quads[p], p = 0..7: weights 4p..4p+3 of the 16 rows (4 signed bytes per row, offset removed) of chunk c (32
+// weights) of a group: what quant_tiles.cpp's int8 tiles hold; with the chunk's 16 scales d and offsets m (w =
+// d * q + m), rounded as decode_block (quant_blocks.h) rounds them.
 template <int T>
-inline void interleaved_quads(const uint8_t* col, __m512i* quads) {
+inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m512* d, __m512* m) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  if constexpr (T == Q4_K) {
+    const uint8_t* col = group + static_cast<int64_t>(c / 8) * GROUP_ROWS * block_bytes(T);
+    const int j = c % 8;  // the sub-block
+    const uint8_t* words = col + quant_words_at(T) + 64 * 8 * (j / 2);
+    for (int p = 0; p < 8; ++p) {
+      const __m512i v = _mm512_loadu_si512(words + 64 * p);
+      quads[p] = _mm512_and_si512(j % 2 == 0 ? v : _mm512_srli_epi16(v, 4), low4);
+    }
+    // scale_min_k4 for the 16 rows at once: byte i of their packed scales is at 64 + 16 i
+    auto byte_field = [col](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 64 + 16 * i)); };
+    const __m128i six = _mm_set1_epi8(63), four = _mm_set1_epi8(0x0f);
+    const auto top2 = [](__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 6), _mm_set1_epi8(3)); };
+    __m128i sc, mn;
+    if (j < 4) {
+      sc = _mm_and_si128(byte_field(j), six);
+      mn = _mm_and_si128(byte_field(j + 4), six);
+    } else {
+      const __m128i b = byte_field(j + 4);
+      sc = _mm_or_si128(_mm_and_si128(b, four), _mm_slli_epi16(top2(byte_field(j - 4)), 4));
+      mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), four), _mm_slli_epi16(top2(byte_field(j)), 4));
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32)));
+    *d = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+    *m = _mm512_xor_ps(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))), _mm512_set1_ps(-0.0f));
+    return;
+  }
+  const uint8_t* col = group + static_cast<int64_t>(c) * GROUP_ROWS * block_bytes(T);
+  *d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+  *m = T == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32))) : _mm512_setzero_ps();
   const uint8_t* words = col + quant_words_at(T);
   if constexpr (T == Q8_0) {
     for (int p = 0; p < 8; ++p) quads[p] = _mm512_loadu_si512(words + 64 * p);
     return;
   }
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   for (int j = 0; j < 4; ++j) {
     const __m512i v = _mm512_loadu_si512(words + 64 * j);
     __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
