@@ -122,21 +122,21 @@ needs_interleaved = pytest.mark.skipif(not getattr(load_quant_kernel(), "has_int
                                        reason="interleaved blocks are read by the AVX-512 VNNI build only")
 
 
+# A block's bytes by kind, as the file stores them: fp16 fields, one-byte fields, quantized bytes (32-bit words).
+BLOCK_FIELDS = {"Q4_0": ((0, 2), (2, 2), (2, 18)), "Q4_1": ((0, 4), (4, 4), (4, 20)), "Q8_0": ((0, 2), (2, 2), (2, 34)),
+                "Q4_K": ((0, 4), (4, 16), (16, 144)), "Q6_K": ((208, 210), (192, 208), (0, 192))}
+
+
 def interleaved_reference(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     """kernels/cpu/quant_x16.h's layout by torch: per group of 16 rows and block column, each field of the
-    block for the 16 rows together: the fp16 fields (d; Q4_1's m; Q4_K's d and dmin), Q4_K's 12 scale bytes one
-    at a time, then the quantized bytes as 32-bit words, word j of the 16 rows together."""
+    block for the 16 rows together: the fp16 fields (d; Q4_1's m; Q4_K's d and dmin), the one-byte fields (the
+    K-quants' scale bytes), then the quantized bytes as 32-bit words, word j of the 16 rows together."""
     fmt = FORMATS[qtype]
     n, row_bytes = blocks.shape
     groups, cols = n // 16, row_bytes // fmt.block_bytes
     b = blocks.reshape(groups, 16, cols, fmt.block_bytes)
-    halves, singles = {"Q4_1": (4, 0), "Q4_K": (4, 12)}.get(qtype, (2, 0))
-
-    def fields(part: torch.Tensor, width: int) -> torch.Tensor:      # [groups, cols, fields * 16 * width]
-        return part.reshape(groups, 16, cols, -1, width).permute(0, 2, 3, 1, 4).reshape(groups, cols, -1)
-
-    parts = [fields(b[..., :halves], 2), fields(b[..., halves:halves + singles], 1),
-             fields(b[..., halves + singles:], 4)]
+    parts = [b[..., lo:hi].reshape(groups, 16, cols, -1, width).permute(0, 2, 3, 1, 4).reshape(groups, cols, -1)
+             for (lo, hi), width in zip(BLOCK_FIELDS[qtype], (2, 1, 4))]
     return torch.cat(parts, dim=2).reshape(n, row_bytes)
 
 
@@ -171,8 +171,8 @@ def test_only_what_the_kernel_reads_interleaved_is_interleaved():
     with pytest.raises(ValueError, match="rejected"):      # 40 rows: not whole groups of 16
         kernel.linear_into(torch.randn(1, 64), quantized_blocks("Q4_1", 40, 64, 1), "Q4_1", torch.empty(1, 40),
                            interleaved=True)
-    with pytest.raises(ValueError, match="rejected"):      # Q6_K stays as the file stores it
-        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q6_K", 16, 32, 1), "Q6_K", torch.empty(1, 16),
+    with pytest.raises(ValueError, match="rejected"):      # Q5_K stays as the file stores it
+        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q5_K", 16, 32, 1), "Q5_K", torch.empty(1, 16),
                            interleaved=True)
     with pytest.raises(ValueError, match="cannot be interleaved"):
         kernel.interleave_(quantized_blocks("Q4_1", 40, 64, 1), "Q4_1")

@@ -258,13 +258,13 @@ void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
   tile.m.resize(tile.d0.size());
   __m512i quads[8], pairs[16];
   for (int c = 0; c < nchunks; ++c) {
-    __m512 d, m;
-    interleaved_chunk<T>(group, c, quads, &d, &m);
+    __m512 d0, d1, m;
+    interleaved_chunk<T>(group, c, quads, &d0, &d1, &m);
     quads_to_pairs(quads, pairs);
     int32_t* dst = tile.wq.data() + static_cast<size_t>(c) * 16 * TILE_N;
     for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * TILE_N, pairs[p]);
-    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d);
-    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d0);
+    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d1);
     _mm512_storeu_ps(tile.m.data() + c * TILE_N, m);
   }
 }

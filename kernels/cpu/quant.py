@@ -32,7 +32,7 @@ FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0
            "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
 DTYPES = (torch.float32, torch.bfloat16)
 INTERLEAVED = 256               # type id flag of interleaved blocks (quant_x16.h)
-INTERLEAVABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+INTERLEAVABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 GROUP_ROWS = 16
 
 

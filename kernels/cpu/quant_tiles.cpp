@@ -139,8 +139,8 @@ void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
   const __m512i ones = _mm512_set1_epi8(1);
   __m512i quads[QUADS];
   for (size_t c = 0; c < nchunks; ++c) {
-    __m512 d, m;
-    interleaved_chunk<T>(group, static_cast<int>(c), quads, &d, &m);
+    __m512 d0, d1, m;
+    interleaved_chunk<T>(group, static_cast<int>(c), quads, &d0, &d1, &m);
     int32_t* dst = tile.wq.data() + c * QUADS * TILE_N;
     __m512i half[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int p = 0; p < QUADS; ++p) {
@@ -149,8 +149,8 @@ void pack_tile_interleaved(const uint8_t* group, int K, Tile& tile) {
     }
     _mm512_storeu_si512(tile.wsum.data() + c * 2 * TILE_N, _mm512_slli_epi32(half[0], 7));
     _mm512_storeu_si512(tile.wsum.data() + c * 2 * TILE_N + TILE_N, _mm512_slli_epi32(half[1], 7));
-    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d);
-    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d);
+    _mm512_storeu_ps(tile.d0.data() + c * TILE_N, d0);
+    _mm512_storeu_ps(tile.d1.data() + c * TILE_N, d1);
     _mm512_storeu_ps(tile.m.data() + c * TILE_N, m);
   }
 }

@@ -21,17 +21,33 @@ namespace {
 constexpr int INTERLEAVED = 256;  // type id flag: the blocks are interleaved across 16 rows
 constexpr int GROUP_ROWS = 16;
 
-constexpr bool interleavable(int t) { return t == Q4_0 || t == Q4_1 || t == Q8_0 || t == Q4_K; }
-constexpr int half_fields(int t) { return t == Q4_1 || t == Q4_K ? 2 : 1; }  // fp16 fields before the rest
-constexpr int byte_fields(int t) { return t == Q4_K ? 12 : 0; }              // then one-byte fields
-constexpr int quant_words_at(int t) { return 32 * half_fields(t) + 16 * byte_fields(t); }
+constexpr bool interleavable(int t) { return t == Q4_0 || t == Q4_1 || t == Q8_0 || t == Q4_K || t == Q6_K; }
+
+// A block's bytes by kind: [h0, h1) fp16 fields, [b0, b1) one-byte fields, [w0, w1) quantized bytes, read as
+// 32-bit words. In a block column they come in that order, each field of the 16 rows together.
+struct Fields {
+  int h0, h1, b0, b1, w0, w1;
+};
+constexpr Fields fields_of(int t) {
+  switch (t) {
+    case Q4_1: return {0, 4, 4, 4, 4, 20};
+    case Q8_0: return {0, 2, 2, 2, 2, 34};
+    case Q4_K: return {0, 4, 4, 16, 16, 144};   // d, dmin; 12 packed scale bytes; qs
+    case Q6_K: return {208, 210, 192, 208, 0, 192};  // d; 16 int8 scales; ql, qh
+    default: return {0, 2, 2, 2, 2, 18};        // Q4_0
+  }
+}
+constexpr int quant_words_at(int t) {
+  return 16 * (fields_of(t).h1 - fields_of(t).h0) + 16 * (fields_of(t).b1 - fields_of(t).b0);
+}
+constexpr int byte_fields_at(int t) { return 16 * (fields_of(t).h1 - fields_of(t).h0); }
 
 // Where byte i of row r's block lands in its block column.
 constexpr int interleaved_offset(int t, int i, int r) {
-  const int halves = 2 * half_fields(t), head = halves + byte_fields(t);
-  if (i < halves) return 32 * (i / 2) + 2 * r + i % 2;
-  if (i < head) return 32 * half_fields(t) + 16 * (i - halves) + r;
-  return quant_words_at(t) + 64 * ((i - head) / 4) + 4 * r + (i - head) % 4;
+  const Fields f = fields_of(t);
+  if (i >= f.h0 && i < f.h1) return 16 * ((i - f.h0) & ~1) + 2 * r + (i - f.h0) % 2;
+  if (i >= f.b0 && i < f.b1) return byte_fields_at(t) + 16 * (i - f.b0) + r;
+  return quant_words_at(t) + 64 * ((i - f.w0) / 4) + 4 * r + (i - f.w0) % 4;
 }
 
 // Row `lane` (0..15) of a group's block column as the file stores the block: the layout's scalar reading.
@@ -42,25 +58,52 @@ constexpr int interleaved_offset(int t, int i, int r) {
 // The file's 16 rows of a group (row r at rows + r * row_bytes) written into `group` interleaved: each field
 // copied whole (2, 1 or 4 bytes).
 [[maybe_unused]] void interleave_group(int t, const uint8_t* rows, int64_t row_bytes, uint8_t* group) {
-  const int bb = block_bytes(t), halves = 2 * half_fields(t), head = halves + byte_fields(t);
+  const int bb = block_bytes(t);
+  const Fields f = fields_of(t);
   for (int64_t c = 0; c < row_bytes / bb; ++c) {
     uint8_t* col = group + c * GROUP_ROWS * bb;
     for (int r = 0; r < GROUP_ROWS; ++r) {
       const uint8_t* b = rows + r * row_bytes + c * bb;
-      for (int i = 0; i < halves; i += 2) std::memcpy(col + interleaved_offset(t, i, r), b + i, 2);
-      for (int i = halves; i < head; ++i) col[interleaved_offset(t, i, r)] = b[i];
-      for (int i = head; i < bb; i += 4) std::memcpy(col + interleaved_offset(t, i, r), b + i, 4);
+      for (int i = f.h0; i < f.h1; i += 2) std::memcpy(col + interleaved_offset(t, i, r), b + i, 2);
+      for (int i = f.b0; i < f.b1; ++i) col[interleaved_offset(t, i, r)] = b[i];
+      for (int i = f.w0; i < f.w1; i += 4) std::memcpy(col + interleaved_offset(t, i, r), b + i, 4);
     }
   }
 }
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 // quads[p], p = 0..7: weights 4p..4p+3 of the 16 rows (4 signed bytes per row, offset removed) of chunk c (32
-// weights) of a group: what quant_tiles.cpp's int8 tiles hold; with the chunk's 16 scales d and offsets m (w =
-// d * q + m), rounded as decode_block (quant_blocks.h) rounds them.
+// weights) of a group: what quant_tiles.cpp's int8 tiles hold; with the chunk's 16 scales (d0: weights 0..15,
+// d1: 16..31, different for Q6_K only) and offsets m (w = d * q + m), rounded as decode_block (quant_blocks.h)
+// rounds them.
 template <int T>
-inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m512* d, __m512* m) {
+inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m512* d0, __m512* d1, __m512* m) {
   const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const auto byte_field = [](const uint8_t* col, int i) {  // byte field i of the 16 rows
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + byte_fields_at(T) + 16 * i));
+  };
+  if constexpr (T == Q6_K) {
+    // chunk c = 4n + k: weights 32k..32k+31 of half n; low 4 bits from ql (k = 0, 1: low nibbles of words 16n +
+    // 8k + p; k = 2, 3: high nibbles of words 16n + 8(k - 2) + p), top 2 bits from bits 2k, 2k+1 of qh word
+    // 32 + 8n + p
+    const uint8_t* col = group + static_cast<int64_t>(c / 8) * GROUP_ROWS * block_bytes(T);
+    const int n = (c % 8) / 4, k = c % 4;
+    const uint8_t* words = col + quant_words_at(T);
+    const __m512i low2 = _mm512_set1_epi8(0x03);
+    for (int p = 0; p < 8; ++p) {
+      const __m512i ql = _mm512_loadu_si512(words + 64 * (16 * n + 8 * (k % 2) + p));
+      const __m512i qh = _mm512_loadu_si512(words + 64 * (32 + 8 * n + p));
+      const __m512i lo = _mm512_and_si512(k < 2 ? ql : _mm512_srli_epi16(ql, 4), low4);
+      const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * k), low2), 4);
+      quads[p] = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+    const int b = c % 8;  // sub-blocks 2b and 2b + 1 of 16 weights
+    *d0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(byte_field(col, 2 * b))));
+    *d1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(byte_field(col, 2 * b + 1))));
+    *m = _mm512_setzero_ps();
+    return;
+  }
   if constexpr (T == Q4_K) {
     const uint8_t* col = group + static_cast<int64_t>(c / 8) * GROUP_ROWS * block_bytes(T);
     const int j = c % 8;  // the sub-block
@@ -69,27 +112,26 @@ inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m51
       const __m512i v = _mm512_loadu_si512(words + 64 * p);
       quads[p] = _mm512_and_si512(j % 2 == 0 ? v : _mm512_srli_epi16(v, 4), low4);
     }
-    // scale_min_k4 for the 16 rows at once: byte i of their packed scales is at 64 + 16 i
-    auto byte_field = [col](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 64 + 16 * i)); };
+    // scale_min_k4 for the 16 rows at once
     const __m128i six = _mm_set1_epi8(63), four = _mm_set1_epi8(0x0f);
     const auto top2 = [](__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 6), _mm_set1_epi8(3)); };
     __m128i sc, mn;
     if (j < 4) {
-      sc = _mm_and_si128(byte_field(j), six);
-      mn = _mm_and_si128(byte_field(j + 4), six);
+      sc = _mm_and_si128(byte_field(col, j), six);
+      mn = _mm_and_si128(byte_field(col, j + 4), six);
     } else {
-      const __m128i b = byte_field(j + 4);
-      sc = _mm_or_si128(_mm_and_si128(b, four), _mm_slli_epi16(top2(byte_field(j - 4)), 4));
-      mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), four), _mm_slli_epi16(top2(byte_field(j)), 4));
+      const __m128i b = byte_field(col, j + 4);
+      sc = _mm_or_si128(_mm_and_si128(b, four), _mm_slli_epi16(top2(byte_field(col, j - 4)), 4));
+      mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), four), _mm_slli_epi16(top2(byte_field(col, j)), 4));
     }
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32)));
-    *d = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+    *d0 = *d1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
     *m = _mm512_xor_ps(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))), _mm512_set1_ps(-0.0f));
     return;
   }
   const uint8_t* col = group + static_cast<int64_t>(c) * GROUP_ROWS * block_bytes(T);
-  *d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
+  *d0 = *d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
   *m = T == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32))) : _mm512_setzero_ps();
   const uint8_t* words = col + quant_words_at(T);
   if constexpr (T == Q8_0) {
