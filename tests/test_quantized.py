@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams, loader
 from engine.layers import quantized
 from engine.layers.quantized import QuantizedWeight, QuantSegment, dequantize_reference, weight_nbytes
-from kernels.cpu.quant import FORMATS, INTERLEAVABLE, load_quant_kernel
+from kernels.cpu.quant import FORMATS, load_quant_kernel
 from tests.gguf_files import random_blocks
 from tests.helpers import int16_inputs_only
 
@@ -124,7 +124,8 @@ needs_interleaved = pytest.mark.skipif(not getattr(load_quant_kernel(), "has_int
 
 # A block's bytes by kind, as the file stores them: fp16 fields, one-byte fields, quantized bytes (32-bit words).
 BLOCK_FIELDS = {"Q4_0": ((0, 2), (2, 2), (2, 18)), "Q4_1": ((0, 4), (4, 4), (4, 20)), "Q8_0": ((0, 2), (2, 2), (2, 34)),
-                "Q4_K": ((0, 4), (4, 16), (16, 144)), "Q6_K": ((208, 210), (192, 208), (0, 192))}
+                "Q5_0": ((0, 2), (2, 2), (2, 22)), "Q5_1": ((0, 4), (4, 4), (4, 24)),
+                "Q4_K": ((0, 4), (4, 16), (16, 144)), "Q5_K": ((0, 4), (4, 16), (16, 176)), "Q6_K": ((208, 210), (192, 208), (0, 192))}
 
 
 def interleaved_reference(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -141,7 +142,7 @@ def interleaved_reference(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
 
 
 @needs_interleaved
-@pytest.mark.parametrize("qtype,kind", [(q, k) for q in INTERLEAVABLE for k in ("quantized", "random")
+@pytest.mark.parametrize("qtype,kind", [(q, k) for q in FORMATS for k in ("quantized", "random")
                                         if not (k == "quantized" and q.endswith("_K"))])   # gguf cannot quantize K
 def test_interleaved_blocks_compute_what_the_files_layout_does(qtype, kind):
     """Interleaved in place as the layout says, the same dequantized rows, and bit for bit the same products
@@ -170,9 +171,6 @@ def test_only_what_the_kernel_reads_interleaved_is_interleaved():
     kernel = load_quant_kernel()
     with pytest.raises(ValueError, match="rejected"):      # 40 rows: not whole groups of 16
         kernel.linear_into(torch.randn(1, 64), quantized_blocks("Q4_1", 40, 64, 1), "Q4_1", torch.empty(1, 40),
-                           interleaved=True)
-    with pytest.raises(ValueError, match="rejected"):      # Q5_K stays as the file stores it
-        kernel.linear_into(torch.randn(1, 256), blocks_of("random", "Q5_K", 16, 32, 1), "Q5_K", torch.empty(1, 16),
                            interleaved=True)
     with pytest.raises(ValueError, match="cannot be interleaved"):
         kernel.interleave_(quantized_blocks("Q4_1", 40, 64, 1), "Q4_1")

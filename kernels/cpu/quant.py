@@ -2,7 +2,7 @@
 from the blocks in integers, and rows dequantized into fp32 or bf16 (embedding lookups, prefill GEMMs).
 
 Blocks are a uint8 tensor [rows, row_bytes]: each output row's blocks (32 weights; 256 for the K-quants), as a
-.gguf file stores them, or (Q4_0, Q4_1, Q8_0, Q4_K, where has_interleaved) the same bytes interleaved across groups
+.gguf file stores them, or (where has_interleaved) the same bytes interleaved across groups
 of 16 rows by interleave_, the layout the kernel's tiles unpack without a transpose (quant_x16.h). The
 reference for both is the `gguf` package's dequantizer (engine/layers/quantized.py's fallback).
 """
@@ -32,7 +32,6 @@ FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0
            "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
 DTYPES = (torch.float32, torch.bfloat16)
 INTERLEAVED = 256               # type id flag of interleaved blocks (quant_x16.h)
-INTERLEAVABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 GROUP_ROWS = 16
 
 
@@ -55,7 +54,7 @@ class QuantKernel:
 
     def interleaves(self, qtype: str, rows: int) -> bool:
         """Whether a weight of this format and row count is best kept interleaved."""
-        return self.has_interleaved and qtype in INTERLEAVABLE and rows % GROUP_ROWS == 0
+        return self.has_interleaved and qtype in FORMATS and rows % GROUP_ROWS == 0
 
     def interleave_(self, blocks: torch.Tensor, qtype: str) -> torch.Tensor:
         """Rearranges contiguous blocks [N, row_bytes] (N a multiple of 16) in place into the interleaved

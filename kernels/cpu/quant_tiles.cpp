@@ -219,12 +219,8 @@ void qgemm(const Inputs& in, const uint8_t* w, int M, int N, int64_t row_bytes, 
   pagedserve::parallel_for((N + TILE_N - 1) / TILE_N, [&](int64_t i) {
     static thread_local Tile tile;
     const int n0 = static_cast<int>(i) * TILE_N, n = std::min(TILE_N, N - n0);
-    if constexpr (interleavable(T)) {
-      if (interleaved) pack_tile_interleaved<T>(w + n0 * row_bytes, in.K, tile);
-      else pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
-    } else {
-      pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
-    }
+    if (interleaved) pack_tile_interleaved<T>(w + n0 * row_bytes, in.K, tile);
+    else pack_tile<T>(w, row_bytes, n0, n, in.K, tile);
     for (int m0 = 0; m0 < M; m0 += TILE_RM)
       tile_any<T>(tile, in, m0, out + static_cast<int64_t>(m0) * ldo + n0, ldo, n, std::min(TILE_RM, M - m0));
   });

@@ -21,7 +21,7 @@ namespace {
 constexpr int INTERLEAVED = 256;  // type id flag: the blocks are interleaved across 16 rows
 constexpr int GROUP_ROWS = 16;
 
-constexpr bool interleavable(int t) { return t == Q4_0 || t == Q4_1 || t == Q8_0 || t == Q4_K || t == Q6_K; }
+constexpr bool interleavable(int t) { return block_bytes(t) != 0; }  // every format the kernel computes with
 
 // A block's bytes by kind: [h0, h1) fp16 fields, [b0, b1) one-byte fields, [w0, w1) quantized bytes, read as
 // 32-bit words. In a block column they come in that order, each field of the 16 rows together.
@@ -31,8 +31,11 @@ struct Fields {
 constexpr Fields fields_of(int t) {
   switch (t) {
     case Q4_1: return {0, 4, 4, 4, 4, 20};
+    case Q5_0: return {0, 2, 2, 2, 2, 22};      // d; qh, qs
+    case Q5_1: return {0, 4, 4, 4, 4, 24};      // d, m; qh, qs
     case Q8_0: return {0, 2, 2, 2, 2, 34};
     case Q4_K: return {0, 4, 4, 16, 16, 144};   // d, dmin; 12 packed scale bytes; qs
+    case Q5_K: return {0, 4, 4, 16, 16, 176};   // d, dmin; 12 packed scale bytes; qh, qs
     case Q6_K: return {208, 210, 192, 208, 0, 192};  // d; 16 int8 scales; ql, qh
     default: return {0, 2, 2, 2, 2, 18};        // Q4_0
   }
@@ -104,13 +107,19 @@ inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m51
     *m = _mm512_setzero_ps();
     return;
   }
-  if constexpr (T == Q4_K) {
+  if constexpr (T == Q4_K || T == Q5_K) {
+    // sub-block j: nibbles of qs words 8(j / 2) + p (low for even j); Q5_K's fifth bits: bit j of qh word p
     const uint8_t* col = group + static_cast<int64_t>(c / 8) * GROUP_ROWS * block_bytes(T);
-    const int j = c % 8;  // the sub-block
-    const uint8_t* words = col + quant_words_at(T) + 64 * 8 * (j / 2);
+    const int j = c % 8;
+    const uint8_t* qh = col + quant_words_at(T);
+    const uint8_t* words = qh + 64 * ((T == Q5_K ? 8 : 0) + 8 * (j / 2));
     for (int p = 0; p < 8; ++p) {
       const __m512i v = _mm512_loadu_si512(words + 64 * p);
       quads[p] = _mm512_and_si512(j % 2 == 0 ? v : _mm512_srli_epi16(v, 4), low4);
+      if constexpr (T == Q5_K) {
+        const __m512i h = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(qh + 64 * p), j), _mm512_set1_epi8(1));
+        quads[p] = _mm512_or_si512(quads[p], _mm512_slli_epi16(h, 4));
+      }
     }
     // scale_min_k4 for the 16 rows at once
     const __m128i six = _mm_set1_epi8(63), four = _mm_set1_epi8(0x0f);
@@ -132,18 +141,31 @@ inline void interleaved_chunk(const uint8_t* group, int c, __m512i* quads, __m51
   }
   const uint8_t* col = group + static_cast<int64_t>(c) * GROUP_ROWS * block_bytes(T);
   *d0 = *d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
-  *m = T == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32))) : _mm512_setzero_ps();
+  *m = T == Q4_1 || T == Q5_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 32))) : _mm512_setzero_ps();
   const uint8_t* words = col + quant_words_at(T);
   if constexpr (T == Q8_0) {
     for (int p = 0; p < 8; ++p) quads[p] = _mm512_loadu_si512(words + 64 * p);
     return;
   }
+  constexpr bool five = T == Q5_0 || T == Q5_1;
+  const __m512i qh = five ? _mm512_loadu_si512(words) : _mm512_setzero_si512();
+  // bits s..s+3 of each row's qh as 0x10 in its bytes 0..3 (the multiply moves bit k to bit 8k)
+  const auto fifth = [qh](int s) {
+    const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(qh, s), _mm512_set1_epi32(0x0f));
+    const __m512i spread = _mm512_mullo_epi32(bits, _mm512_set1_epi32(0x00204081));
+    return _mm512_slli_epi32(_mm512_and_si512(spread, _mm512_set1_epi32(0x01010101)), 4);
+  };
+  constexpr int offset = T == Q4_0 ? 8 : T == Q5_0 ? 16 : 0;
   for (int j = 0; j < 4; ++j) {
-    const __m512i v = _mm512_loadu_si512(words + 64 * j);
+    const __m512i v = _mm512_loadu_si512(words + 64 * (five + j));
     __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if constexpr (T == Q4_0) {
-      lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
-      hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
+    if constexpr (five) {
+      lo = _mm512_or_si512(lo, fifth(4 * j));
+      hi = _mm512_or_si512(hi, fifth(16 + 4 * j));
+    }
+    if constexpr (offset != 0) {
+      lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(offset));
+      hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(offset));
     }
     quads[j] = lo;
     quads[j + 4] = hi;
