@@ -4,7 +4,7 @@ tied LM head computed from the blocks.
 A QuantizedWeight is a [N, K] weight as row segments of blocks (a fused q/k/v or gate/up weight has one
 segment per checkpoint tensor, each in its own format). Few-row products (decode) go to the compiled kernel,
 which dots the blocks with input rows rounded to int16 per block of 32; with AVX-512 VNNI the kernel takes
-every row count by tiles (Q4_0/Q4_1/Q8_0 kept interleaved across 16 rows for them), and bf16 inputs are
+every row count by tiles (weights of whole groups of 16 rows kept interleaved for them), and bf16 inputs are
 rounded to int8 (LinearBase.int8_for); more rows elsewhere dequantize the weight into the
 activations' dtype for torch's GEMM.
 Without the compiled kernels (no C++ compiler) the `gguf` package's dequantizer does the same: it is also the
@@ -60,9 +60,9 @@ class QuantizedWeight:
         self.max_kernel_rows = kernel_max_rows(self.kernel)
 
     def _laid_out(self, seg: QuantSegment) -> QuantSegment:
-        """The segment as the kernel reads it fastest: Q4_0/Q4_1/Q8_0 interleaved across 16 rows where it
-        can (its tiles then unpack without a transpose, and take every row count: SmolLM2's projections in
-        0.25-0.5x the time at 1-8 rows, 0.73-0.82x at 64), else as the file stores it."""
+        """The segment as the kernel reads it fastest: interleaved across 16 rows where it can (its tiles then
+        unpack without a transpose, and take every row count: one decode row in 0.3-0.5x the time of the
+        file's layout, 64 rows 0.7-0.8x; docs/benchmarks.md), else as the file stores it."""
         blocks = seg.blocks.contiguous()
         if seg.interleaved or self.kernel is None or not self.kernel.interleaves(seg.qtype, blocks.shape[0]):
             return QuantSegment(seg.qtype, blocks, seg.interleaved)

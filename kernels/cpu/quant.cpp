@@ -11,7 +11,7 @@
 // inputs (prefill, decode batches) with AVX-512 VNNI: where the caller asks for int8 inputs, at any row count
 // (quant_tiles.cpp, vpdpbusd); else tiles of 16 weight rows unpacked into interleaved int16 pairs and
 // multiplied with every input row by vpdpwssd (qgemm_tiles below; the same int16 inputs as the dot products).
-// Q4_0/Q4_1/Q8_0 blocks kept interleaved across 16 rows (quant_x16.h) unpack into the tiles without a
+// Blocks kept interleaved across 16 rows (quant_x16.h; every format) unpack into the tiles without a
 // transpose, cheaply enough that every row count takes the tiles (one decode row too: 0.25-0.5x the dot
 // products' time on SmolLM2's shapes). Without VNNI the caller dequantizes the weight rows (qdequant) for a
 // float GEMM. An AVX-512 version of the dot products was slower than this AVX2 code on a Zen 4 core (512-bit
@@ -521,7 +521,7 @@ extern "C" int qinterleave(void* w, int t, int N, int K, int64_t row_bytes) {
 // Whether qlinear rounds inputs to int8 when asked to (int8_inputs): with AVX-512 VNNI only.
 extern "C" int qlinear_has_int8() { return pagedserve::qlinear_int8_built() ? 1 : 0; }
 
-// Whether qlinear and qdequant read Q4_0/Q4_1/Q8_0/Q4_K blocks interleaved across 16 rows (quant_x16.h): with
+// Whether qlinear and qdequant read blocks interleaved across 16 rows (quant_x16.h): with
 // AVX-512 VNNI only, whose tiles they are for.
 extern "C" int qlinear_has_interleaved() { return qlinear_interleaved_built() ? 1 : 0; }
 

@@ -1,16 +1,17 @@
-// Q4_0, Q4_1, Q8_0 and Q4_K blocks interleaved across 16 weight rows: the layout the tiles of quant.cpp (int16
-// inputs) and quant_tiles.cpp (int8 inputs) are unpacked from with a few vector operations per 16 x 4
-// weights, where the file's layout (each row's blocks in a row) needs a transpose by gathers.
+// GGUF blocks of every format the kernel computes with, interleaved across 16 weight rows: the layout the
+// tiles of quant.cpp (int16 inputs) and quant_tiles.cpp (int8 inputs) are unpacked from with a few vector
+// operations per 16 x 4 weights, where the file's layout (each row's blocks in a row) needs a per-row block
+// decode and a transpose by gathers.
 //
 // qinterleave (quant.cpp) rearranges a weight of N rows (N a multiple of 16) at load, in place (the same
 // bytes, moved; tests/test_quantized.py holds an independent torch version of the layout): rows 16g..16g+15
 // hold group g, which holds for each block column c, in 16 * block_bytes bytes, each field of the block for
-// the 16 rows together: the fp16 fields (d; Q4_1's m; Q4_K's d and dmin) 16 at a time, then Q4_K's 12 packed
-// scale bytes, byte i of the 16 rows together, then the rows' quantized bytes as 32-bit words, word j of rows
-// 0..15 together (64 bytes). A Q4_0/Q4_1 word j holds weights 4j..4j+3 in its low nibbles and 16+4j..16+4j+3
-// in its high ones; a Q8_0 word j holds weights 4j..4j+3; Q4_K's word 8c+p holds weights 4p..4p+3 of
-// sub-block 2c (low nibbles) and 2c+1 (high) (the file's orders). Type ids with the INTERLEAVED flag name
-// this layout.
+// the 16 rows together (Fields): the fp16 fields (d; Q4_1/Q5_1's m; Q4_K/Q5_K's d and dmin), 16 at a time,
+// then the K-quants' scale bytes, byte i of the 16 rows together, then the quantized bytes (Q5's and Q5_K's
+// high bits, Q6_K's ql and qh included) as 32-bit words, word j of rows 0..15 together (64 bytes). Word j
+// holds the file's bytes 4j..4j+3 of that part, so its weights are the file's: e.g. a Q4_0 word j holds
+// weights 4j..4j+3 in its low nibbles and 16+4j..16+4j+3 in its high ones. Type ids with the INTERLEAVED flag
+// name this layout.
 #pragma once
 #include <cstdint>
 
