@@ -157,7 +157,7 @@ def test_interleaved_blocks_compute_what_the_files_layout_does(qtype, kind):
         assert torch.equal(kernel.dequantize(il, qtype, cols, dtype, interleaved=True), ref.to(dtype))
     ids = torch.tensor([47, 0, 17, 17, 30])
     assert torch.equal(kernel.dequantize(il, qtype, cols, torch.float32, ids, interleaved=True), ref[ids])
-    for m in (1, 2, 5, 8, 13, 40):
+    for m in (1, 2, 4, 5, 8, 13, 40):
         x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
         for int8, dtype in [(False, torch.float32), (True, torch.float32), (False, torch.bfloat16), (True, torch.bfloat16)]:
             want, got = torch.empty(m, 48, dtype=dtype), torch.empty(m, 48, dtype=dtype)
