@@ -1,7 +1,7 @@
 // Linear layers from GGUF blocks with int8 inputs (AVX-512 VNNI): int8 weights, vpdpbusd (64 multiply-adds per
 // 512-bit instruction, twice the int16 dpwssd and bf16 dpbf16ps rates). Many rows (prefill, decode batches) by
-// tiles; a few rows by dot products, except from interleaved blocks (quant_x16.h): those take the tiles at
-// every row count.
+// tiles; a few rows by dot products, except from interleaved blocks (quant_x16.h): those take the tiles, and up
+// to 4 rows the same products straight from registers (group_rows).
 //
 // Inputs are quantized as llama.cpp quantizes them: per block of 32, scale = max|x| / 127, round to nearest.
 // They are stored biased (q + 128, unsigned: vpdpbusd multiplies unsigned by signed bytes), and each weight
